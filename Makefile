@@ -1,0 +1,28 @@
+# Two commands: `make demo` and `make test`. Each creates the virtual environment if missing.
+# PY picks the interpreter (python3.11 by default; `make test PY=python3.12` for 3.12).
+PY ?= python3.11
+VENV ?= $(if $(filter python3.11,$(PY)),.venv,.venv-$(PY))
+PYTHON := $(VENV)/bin/python
+# torch is pinned: an unpinned torch would pull a multi-GB CUDA build.
+TORCH := torch==2.13.0
+
+.PHONY: demo test lint install
+
+$(VENV)/.installed: pyproject.toml Makefile
+	test -x $(PYTHON) || $(PY) -m venv $(VENV)
+	$(PYTHON) -m pip install -q --upgrade pip
+	$(PYTHON) -m pip install -q $(TORCH)
+	$(PYTHON) -m pip install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(PYTHON) -m ember.demo
+
+lint: install
+	$(VENV)/bin/ruff check ember tests bench
+	$(VENV)/bin/ruff format --check ember tests bench
+
+test: install lint
+	$(PYTHON) -m pytest tests

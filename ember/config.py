@@ -1,0 +1,66 @@
+"""ember's settings: one frozen object, read from EMBER_* environment variables at import.
+
+Code reads `config.current()`; tests and users change settings for a region with
+`config.patch(recompile_limit=2)`. Nothing else holds mutable global settings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def _default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "ember")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Config:
+    recompile_limit: int = 8
+    """Cache entries per code object before ember stops capturing it and runs it eagerly."""
+    cache_dir: str = dataclasses.field(default_factory=_default_cache_dir)
+    """Where the backend keeps compiled kernels and graphs (EMBER_CACHE_DIR)."""
+    inline_depth: int = 32
+    """How deep user functions are inlined before the capture gives up on a call."""
+    verbose_errors: bool = False
+    """Attach ember's internal traceback to Unsupported errors (EMBER_VERBOSE=1)."""
+
+
+_ENV = {
+    "recompile_limit": ("EMBER_RECOMPILE_LIMIT", int),
+    "cache_dir": ("EMBER_CACHE_DIR", str),
+    "inline_depth": ("EMBER_INLINE_DEPTH", int),
+    "verbose_errors": ("EMBER_VERBOSE", lambda v: v not in ("", "0", "false")),
+}
+
+
+def _from_env() -> Config:
+    values = {}
+    for field, (var, parse) in _ENV.items():
+        if var in os.environ:
+            values[field] = parse(os.environ[var])
+    return Config(**values)
+
+
+_current = _from_env()
+
+
+def current() -> Config:
+    """The settings in force."""
+    return _current
+
+
+@contextlib.contextmanager
+def patch(**changes: object) -> Iterator[Config]:
+    """Use changed settings inside a `with` block (restored afterwards, even on error)."""
+    global _current
+    saved = _current
+    _current = dataclasses.replace(saved, **changes)
+    try:
+        yield _current
+    finally:
+        _current = saved
