@@ -1,0 +1,244 @@
+"""From a torch-level GraphModule to a traced program: flat tensor inputs, outputs, mutations.
+
+A backend receives `gm(*example_inputs)`. Parameters and buffers that the gm reads through
+attributes (fx.symbolic_trace keeps them there; Dynamo usually passes them as inputs) are
+*lifted*: they become trailing graph inputs, fetched from the module on every call so that an
+optimizer step or a buffer update is seen. Ints among the inputs are specialized constants.
+
+`Program` records how the traced aten graph's outputs map back to what the gm returns:
+an output is a graph value, a view of an input regenerated at run time (so it aliases the
+caller's tensor as in eager), or a Python constant; mutated inputs' final values are extra
+trailing graph outputs that the runtime copies back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
+
+from ember.aot.functionalize import ViewStep
+from ember.aot.trace import TraceError, Tracer, check_functional
+from ember.errors import BreakReason
+
+
+@dataclass(frozen=True, slots=True)
+class StateRef:
+    """A parameter or buffer of the gm (or a submodule), lifted to a graph input."""
+
+    module: torch.nn.Module
+    name: str
+    is_param: bool
+
+    def get(self) -> torch.Tensor:
+        table = self.module._parameters if self.is_param else self.module._buffers
+        return table[self.name]
+
+    def set(self, value: torch.Tensor) -> None:
+        table = self.module._parameters if self.is_param else self.module._buffers
+        table[self.name] = value  # bypasses nn.Module's type checks on purpose
+
+
+def lift_state(gm: torch.nn.Module) -> list[StateRef]:
+    """Every parameter and buffer reachable from `gm`, each once (shared ones deduplicated)."""
+    refs: list[StateRef] = []
+    seen: set[int] = set()
+    for mod in gm.modules():
+        for is_param, table in ((True, mod._parameters), (False, mod._buffers)):
+            for name, t in table.items():
+                if t is None or id(t) in seen:
+                    continue
+                seen.add(id(t))
+                refs.append(StateRef(mod, name, is_param))
+    return refs
+
+
+@contextlib.contextmanager
+def swapped_state(refs: Sequence[StateRef], values: Sequence[torch.Tensor]) -> Iterator[None]:
+    """Temporarily make the module hold `values` (fakes) instead of its real tensors."""
+    saved = [r.get() for r in refs]
+    # shared tensors appear once in refs but may sit in several modules: swap by identity
+    by_id = {id(s): v for s, v in zip(saved, values, strict=True)}
+    touched: list[tuple[dict, str, torch.Tensor]] = []
+    roots = {id(r.module): r.module for r in refs}
+    try:
+        for mod in roots.values():
+            for sub in mod.modules():
+                for table in (sub._parameters, sub._buffers):
+                    for name, t in list(table.items()):
+                        if t is not None and id(t) in by_id:
+                            touched.append((table, name, t))
+                            table[name] = by_id[id(t)]
+        yield
+    finally:
+        for table, name, t in touched:
+            table[name] = t
+
+
+class OutKind(enum.Enum):
+    GRAPH = "graph"  # the index-th graph output
+    INPUT_VIEW = "input_view"  # a view of flat input `index`, replayed at run time
+    CONSTANT = "constant"  # a Python value
+
+
+@dataclass(frozen=True, slots=True)
+class OutputSpec:
+    kind: OutKind
+    index: int = 0
+    chain: tuple[ViewStep, ...] = ()
+    value: Any = None
+
+
+@dataclass
+class Program:
+    """A traced functional aten graph plus the bookkeeping to call it like the gm."""
+
+    gm: fx.GraphModule
+    arg_kinds: list[str]  # per gm input: "tensor" or "int"
+    int_values: tuple[Any, ...]  # specialized non-tensor inputs
+    state: list[StateRef]
+    specs: list[OutputSpec]
+    out_tree: TreeSpec
+    mutated: list[int]  # flat input indices whose final value trails the graph outputs
+    num_graph_outputs: int  # user-visible graph outputs (before mutations)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def flat_inputs(self, args: Sequence[Any]) -> list[torch.Tensor]:
+        tensors = [a for a, k in zip(args, self.arg_kinds, strict=True) if k == "tensor"]
+        return tensors + [r.get() for r in self.state]
+
+
+def split_args(args: Sequence[Any]) -> tuple[list[str], tuple[Any, ...]]:
+    """Which gm inputs are tensors, and the values of the others (specialized)."""
+    kinds: list[str] = []
+    ints: list[Any] = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            kinds.append("tensor")
+        elif isinstance(a, torch.SymInt | torch.SymFloat | torch.SymBool):
+            raise TraceError(
+                BreakReason.UNSUPPORTED_OBJECT,
+                "symbolic sizes reached ember's aot tracer",
+                hint="compile with dynamic=False",
+            )
+        else:
+            kinds.append("int")
+            ints.append(a)
+    return kinds, tuple(ints)
+
+
+def check_input_aliasing(flat: Sequence[torch.Tensor]) -> None:
+    """Inputs sharing storage would need joint functionalization: refuse them clearly."""
+    seen: dict[Any, int] = {}
+    for i, t in enumerate(flat):
+        if t.numel() == 0:
+            continue
+        key = (t.device, t.untyped_storage().data_ptr())
+        if key in seen:
+            raise TraceError(
+                BreakReason.SIDE_EFFECT,
+                f"inputs {seen[key]} and {i} of the compiled graph share memory",
+                hint="pass tensors that do not alias each other (clone one of them)",
+            )
+        seen[key] = i
+
+
+def begin(gm: torch.nn.Module, args: Sequence[Any]) -> tuple[Tracer, Program, list, list]:
+    """Set up a tracer with one placeholder per flat input; returns fakes for gm's args."""
+    kinds, ints = split_args(args)
+    state = lift_state(gm)
+    real = [a for a in args if isinstance(a, torch.Tensor)] + [r.get() for r in state]
+    check_input_aliasing(real)
+    tracer = Tracer()
+    fakes = [tracer.to_fake(t) for t in real]
+    for i, f in enumerate(fakes):
+        tracer.placeholder(f"primals_{i + 1}", f)
+    it = iter(fakes)
+    call_args = [next(it) if k == "tensor" else a for a, k in zip(args, kinds, strict=True)]
+    program = Program(
+        gm=None,  # type: ignore[arg-type]
+        arg_kinds=kinds,
+        int_values=ints,
+        state=state,
+        specs=[],
+        out_tree=None,  # type: ignore[arg-type]
+        mutated=[],
+        num_graph_outputs=0,
+    )
+    return tracer, program, fakes, call_args
+
+
+def run_forward(
+    tracer: Tracer, program: Program, gm: torch.nn.Module, fakes: list, call_args: list
+) -> list[torch.Tensor]:
+    """Trace gm's forward; fill the output specs; returns the graph's user outputs (fakes)."""
+    n_user = len(fakes) - len(program.state)
+    with swapped_state(program.state, fakes[n_user:]), tracer.recording():
+        result = gm(*call_args)
+    leaves, program.out_tree = tree_flatten(result)
+    input_ids = {id(f): i for i, f in enumerate(fakes)}
+    graph_outs: list[torch.Tensor] = []
+    for leaf in leaves:
+        if not isinstance(leaf, torch.Tensor):
+            program.specs.append(OutputSpec(OutKind.CONSTANT, value=leaf))
+            continue
+        root = tracer.aliases.root_of(leaf) if tracer.aliases.known(leaf) else None
+        if root in input_ids:
+            chain = tuple(tracer.aliases.view_chain(leaf))
+            program.specs.append(OutputSpec(OutKind.INPUT_VIEW, input_ids[root], chain))
+            continue
+        program.specs.append(OutputSpec(OutKind.GRAPH, len(graph_outs)))
+        graph_outs.append(leaf)
+    program.num_graph_outputs = len(graph_outs)
+    mutated_roots = set(tracer.aliases.mutated_roots())
+    if mutated_roots & {id(c) for c in tracer._const_ids.values()}:
+        raise TraceError(
+            BreakReason.SIDE_EFFECT,
+            "the compiled graph mutates a tensor constant it captured",
+            hint="register the tensor as a buffer or pass it as an input",
+        )
+    program.mutated = [i for i, f in enumerate(fakes) if id(f) in mutated_roots]
+    return graph_outs
+
+
+def trace_inference(gm: torch.nn.Module, args: Sequence[Any]) -> Program:
+    """Trace gm(*args) with grad off into one functional graph (outputs + mutated inputs)."""
+    tracer, program, fakes, call_args = begin(gm, args)
+    with torch.no_grad():
+        graph_outs = run_forward(tracer, program, gm, fakes, call_args)
+    finals = [fakes[i] for i in program.mutated]
+    program.gm = tracer.finish(graph_outs + finals)
+    check_functional(program.gm.graph)
+    return program
+
+
+def build_outputs(program: Program, flat: Sequence[torch.Tensor], outs: Sequence[Any]) -> Any:
+    """What the gm returns: graph values, views replayed on the real inputs, constants."""
+    leaves: list[Any] = []
+    for spec in program.specs:
+        if spec.kind is OutKind.GRAPH:
+            leaves.append(outs[spec.index])
+        elif spec.kind is OutKind.INPUT_VIEW:
+            t = flat[spec.index]
+            for step in spec.chain:
+                t = step.func(t, *step.args, **step.kwargs)
+                if step.index is not None:
+                    t = t[step.index]
+            leaves.append(t)
+        else:
+            leaves.append(spec.value)
+    return tree_unflatten(leaves, program.out_tree)
+
+
+def apply_mutations(program: Program, flat: Sequence[torch.Tensor], outs: Sequence[Any]) -> None:
+    """Copy mutated inputs' final values back into the caller's tensors, as eager left them."""
+    base = len(outs) - len(program.mutated)
+    with torch.no_grad():
+        for j, i in enumerate(program.mutated):
+            flat[i].copy_(outs[base + j])

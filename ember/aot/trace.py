@@ -1,0 +1,305 @@
+"""ember's dispatch-level tracer: run a program on fake tensors and record every aten op.
+
+Takes any Python callable over tensors (a torch-level fx.GraphModule, or the joint
+forward+backward function of joint.py) and fake inputs; returns a *functional* aten-level
+`torch.fx.Graph` whose nodes call `OpOverload`s (`torch.ops.aten.add.Tensor`) and carry
+`meta["val"]`, the fake tensor eager would have produced (shape, dtype, strides).
+
+How: a `TorchDispatchMode` (the recorder) sits above a `FakeTensorMode`. Each aten op that
+reaches the recorder runs on the fakes (so shapes and strides are PyTorch's own) and is appended
+to the graph, with tensor arguments replaced by the nodes holding their *current* values
+(functionalize.AliasTracker): in-place and `out=` ops are recorded as their functional forms
+and views of mutated tensors are regenerated. Python scalars stay constants in the graph; real
+tensors that show up (constants of the traced program) become `get_attr` constants.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from ember.aot.functionalize import (
+    AliasTracker,
+    ViewStep,
+    functional_variant,
+    is_inplace,
+    is_view_op,
+    mutated_args,
+)
+from ember.errors import BreakReason, Unsupported
+
+aten = torch.ops.aten
+
+
+class TraceError(Unsupported):
+    """The program cannot be traced into an aten graph (data-dependent value, odd aliasing)."""
+
+
+def _fail(detail: str, hint: str = "") -> TraceError:
+    return TraceError(BreakReason.TENSOR_OP_FAILED, detail, hint=hint)
+
+
+_DATA_DEPENDENT = ("DataDependentOutputException", "DynamicOutputShapeException")
+
+
+class _Recorder(TorchDispatchMode):
+    """Forwards every aten op to the tracer; the op itself then runs on the fake mode below."""
+
+    def __init__(self, tracer: Tracer) -> None:
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        return self.tracer.dispatch(func, args, kwargs or {})
+
+
+class Tracer:
+    """Builds one functional aten graph; holds the graph, the alias state and constants."""
+
+    def __init__(self, fake_mode: FakeTensorMode | None = None) -> None:
+        self.fake_mode = fake_mode or FakeTensorMode()
+        self.graph = fx.Graph()
+        self.aliases = AliasTracker(self)
+        self.constants: dict[str, torch.Tensor] = {}
+        self._const_ids: dict[int, torch.Tensor] = {}
+        self._last_placeholder: fx.Node | None = None
+
+    # -- the Emitter protocol used by functionalize --------------------------------------------
+    def emit(self, func: Any, args: tuple, kwargs: dict, val: Any) -> fx.Node:
+        node = self.graph.call_function(func, args, kwargs)
+        node.meta["val"] = val
+        return node
+
+    def fake(self, node: fx.Node) -> torch.Tensor:
+        return node.meta["val"]
+
+    # -- inputs --------------------------------------------------------------------------------
+    def to_fake(self, t: torch.Tensor) -> torch.Tensor:
+        """A fake copy of a real tensor (requires_grad and strides kept)."""
+        return self.fake_mode.from_tensor(t)
+
+    def placeholder(self, name: str, fake: torch.Tensor) -> fx.Node:
+        """A graph input holding `fake`; placeholders stay in front of all other nodes."""
+        if self._last_placeholder is None:
+            first = next(iter(self.graph.nodes), None)
+            ctx = (
+                self.graph.inserting_before(first)
+                if first is not None
+                else contextlib.nullcontext()
+            )
+        else:
+            ctx = self.graph.inserting_after(self._last_placeholder)
+        with ctx:
+            node = self.graph.placeholder(name)
+        node.meta["val"] = fake
+        self._last_placeholder = node
+        self.aliases.add_root(fake, node)
+        return node
+
+    def _constant(self, t: torch.Tensor) -> torch.Tensor:
+        """Make a real tensor met during tracing a graph constant; returns its fake."""
+        fake = self._const_ids.get(id(t))
+        if fake is None:
+            name = f"_ember_constant{len(self.constants)}"
+            self.constants[name] = t
+            fake = self.to_fake(t)
+            node = self.graph.get_attr(name)
+            node.meta["val"] = fake
+            self.aliases.add_root(fake, node)
+            self._const_ids[id(t)] = fake
+        return fake
+
+    # -- recording -----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
+        """Run code whose aten ops are recorded (fake mode below, recorder above)."""
+        with self.fake_mode, _Recorder(self):
+            yield
+
+    def value(self, t: torch.Tensor) -> fx.Node:
+        """The node holding the current value of a traced tensor."""
+        if not self.aliases.known(t):
+            raise _fail(
+                "a tensor reached an aten op without being an input, a constant or the "
+                "result of a traced op",
+                hint="pass the tensor as an input of the compiled function",
+            )
+        return self.aliases.read(t)
+
+    def _map(self, tree: Any) -> Any:
+        return tree_map(lambda a: self.value(a) if isinstance(a, torch.Tensor) else a, tree)
+
+    def _lift(self, tree: Any) -> Any:
+        def lift(a: Any) -> Any:
+            if isinstance(a, torch.Tensor) and not isinstance(a, FakeTensor):
+                return self._constant(a)
+            return a
+
+        return tree_map(lift, tree)
+
+    def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Record one aten op and return its fake result."""
+        args, kwargs = self._lift((args, kwargs))
+        special = _SPECIAL.get(func)
+        if special is not None:
+            result = special(self, func, args, kwargs)
+            if result is not NotImplemented:
+                return result
+        if mutated_args(func):
+            return self._record_mutation(func, args, kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except Exception as e:
+            if type(e).__name__ in _DATA_DEPENDENT:
+                raise _fail(
+                    f"{func} needs the value of a tensor (data-dependent): {e}",
+                    hint="keep .item(), .tolist() and value-dependent shapes out of the "
+                    "compiled region",
+                ) from e
+            raise
+        flat_out, _ = tree_flatten(out)
+        if not any(isinstance(o, torch.Tensor) for o in flat_out):
+            return out
+        node = self.emit(func, self._map(args), self._map(kwargs), out)
+        if is_view_op(func):
+            self._bind_views(func, args, kwargs, out, node)
+        else:
+            self._bind_roots(out, node)
+        return out
+
+    def _bind_roots(self, out: Any, node: fx.Node) -> None:
+        if isinstance(out, torch.Tensor):
+            self.aliases.add_root(out, node)
+            return
+        for i, o in enumerate(out):
+            if isinstance(o, torch.Tensor):
+                item = self.emit(operator.getitem, (node, i), {}, o)
+                self.aliases.add_root(o, item)
+
+    def _bind_views(self, func: Any, args: tuple, kwargs: dict, out: Any, node: fx.Node) -> None:
+        src = args[0]
+        rest = args[1:]
+        if any(isinstance(a, torch.Tensor) for a in tree_flatten((rest, kwargs))[0]):
+            raise _fail(f"view op {func} with tensor arguments is not supported")
+        if isinstance(out, torch.Tensor):
+            self.aliases.add_view(out, src, ViewStep(func, rest, kwargs, None), node)
+            return
+        for i, o in enumerate(out):
+            item = self.emit(operator.getitem, (node, i), {}, o)
+            self.aliases.add_view(o, src, ViewStep(func, rest, kwargs, i), item)
+
+    def _record_mutation(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """An op that writes its arguments: record its functional form, then the writes."""
+        schema = func._schema
+        written = mutated_args(func)
+        if is_inplace(func) and is_view_op(functional_variant(func)):
+            raise _fail(
+                f"{func} changes a tensor's shape or strides in place",
+                hint="use the out-of-place view (e.g. x = x.t() instead of x.t_())",
+            )
+        out = func(*args, **kwargs)
+        fvar = functional_variant(func)
+        f_args, f_kwargs = _rebind(func, fvar, args, kwargs)
+        f_val = fvar(*f_args, **f_kwargs)
+        node = self.emit(fvar, self._map(f_args), self._map(f_kwargs), f_val)
+        nodes = self._items(node, f_val)
+        given = dict(zip([a.name for a in schema.arguments], args, strict=False)) | kwargs
+        targets = [given[schema.arguments[i].name] for i in written]
+        if fvar._schema.name.endswith("_functional") and not is_inplace(func):
+            # foo_functional returns foo's outputs, then the new values of what foo writes
+            n_orig = len(schema.returns)
+            outs = [out] if isinstance(out, torch.Tensor) else list(out)
+            for o, n in zip(outs, nodes[:n_orig], strict=True):
+                if isinstance(o, torch.Tensor):
+                    self.aliases.add_root(o, n)
+            nodes = nodes[n_orig:]
+        for t, n in zip(targets, nodes, strict=True):
+            self._write(t, n)
+        return out
+
+    def _items(self, node: fx.Node, val: Any) -> list[fx.Node]:
+        if isinstance(val, torch.Tensor):
+            return [node]
+        return [self.emit(operator.getitem, (node, i), {}, v) for i, v in enumerate(val)]
+
+    def _write(self, target: torch.Tensor, value: fx.Node) -> None:
+        """`target` now holds `value`; cast/broadcast like an in-place op would."""
+        val = self.fake(value)
+        if val.shape != target.shape or val.dtype != target.dtype:
+            current = self.value(target)
+            with self.fake_mode:
+                fake = aten.copy.default(self.fake(current), val)
+            value = self.emit(aten.copy.default, (current, value), {}, fake)
+        self.aliases.write(target, value)
+
+    def finish(self, outputs: list[Any]) -> fx.GraphModule:
+        """Set the graph's outputs (tensors become nodes) and build the GraphModule."""
+        vals = [self.value(o) if isinstance(o, torch.Tensor) else o for o in outputs]
+        out = self.graph.output(tuple(vals))
+        out.meta["val"] = tuple(outputs)
+        root = torch.nn.Module()
+        for name, t in self.constants.items():
+            setattr(root, name, t)
+        self.graph.eliminate_dead_code()
+        gm = fx.GraphModule(root, self.graph)
+        return gm
+
+
+def _native_batch_norm(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
+    """native_batch_norm writes running stats without saying so in its schema."""
+    names = [a.name for a in func._schema.arguments]
+    bound = dict(zip(names, args, strict=False)) | kwargs
+    if not bound.get("training") or bound.get("running_mean") is None:
+        return NotImplemented
+    out = func(*args, **kwargs)
+    fvar = aten._native_batch_norm_legit_functional.default
+    f_args = tuple(bound[n] for n in names)
+    f_val = fvar(*f_args)
+    node = tracer.emit(fvar, tracer._map(f_args), {}, f_val)
+    nodes = tracer._items(node, f_val)
+    for o, n in zip(out, nodes[:3], strict=True):
+        tracer.aliases.add_root(o, n)
+    tracer._write(bound["running_mean"], nodes[3])
+    tracer._write(bound["running_var"], nodes[4])
+    return out
+
+
+def _rebind(func: Any, fvar: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Arguments for `fvar` from a call of `func`, matched by name (written ones dropped)."""
+    given = dict(zip([a.name for a in func._schema.arguments], args, strict=False)) | kwargs
+    f_args: list[Any] = []
+    f_kwargs: dict[str, Any] = {}
+    positional = True
+    for a in fvar._schema.arguments:
+        if a.name not in given:
+            positional = False
+            continue
+        if positional and not a.kwarg_only:
+            f_args.append(given[a.name])
+        else:
+            f_kwargs[a.name] = given[a.name]
+    return tuple(f_args), f_kwargs
+
+
+SpecialRule = Callable[[Tracer, Any, tuple, dict], Any]
+_SPECIAL: dict[Any, SpecialRule] = {
+    aten.native_batch_norm.default: _native_batch_norm,
+}
+
+
+def check_functional(graph: fx.Graph) -> None:
+    """Verifier: no node of a traced graph may write its arguments."""
+    for node in graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            if mutated_args(node.target):
+                raise AssertionError(f"mutating op left in functional graph: {node.format_node()}")
+        if node.op not in ("output",) and "val" not in node.meta:
+            raise AssertionError(f"node without meta['val']: {node.format_node()}")

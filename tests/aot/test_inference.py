@@ -1,0 +1,156 @@
+"""Inference path of ember's aot: functional aten graphs differential against eager."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.fx as fx
+
+from ember.aot import aot_compile, aot_eager, eager_compile_aten
+from ember.aot.program import trace_inference
+from ember.aot.trace import TraceError, check_functional
+
+
+def _clone(args):
+    return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def _check(fn, args):
+    """Run eager and aot_eager on copies; compare outputs, strides and mutated inputs."""
+    gm = fn if isinstance(fn, fx.GraphModule) else fx.symbolic_trace(fn)
+    eager_args = _clone(args)
+    ref = gm(*eager_args)
+    compiled = aot_eager(gm, _clone(args))
+    for _ in range(2):  # the second call exercises the cached runtime
+        aot_args = _clone(args)
+        out = compiled(*aot_args)
+    ref_l = ref if isinstance(ref, tuple) else (ref,)
+    out_l = out if isinstance(out, tuple) else (out,)
+    assert len(ref_l) == len(out_l)
+    for r, o in zip(ref_l, out_l, strict=True):
+        torch.testing.assert_close(o, r)
+        assert o.stride() == r.stride()
+    for a, b in zip(eager_args, aot_args, strict=True):
+        if isinstance(a, torch.Tensor):
+            torch.testing.assert_close(b, a)
+    return gm, aot_args, out
+
+
+def test_graph_is_functional_aten_with_meta():
+    def f(x, y):
+        a = x + y
+        a.mul_(2)
+        a[0].add_(1)
+        return a.t().sin(), a
+
+    prog = trace_inference(fx.symbolic_trace(f), [torch.randn(3, 3), torch.randn(3, 3)])
+    check_functional(prog.gm.graph)
+    targets = [n.target for n in prog.gm.graph.nodes if n.op == "call_function"]
+    assert torch.ops.aten.add.Tensor in targets
+    assert torch.ops.aten.select_scatter.default in targets
+    for n in prog.gm.graph.nodes:
+        if n.op == "call_function" and n.target.__module__ != "_operator":
+            assert isinstance(n.target, torch._ops.OpOverload)
+        if n.op != "output":
+            assert "val" in n.meta
+
+
+def test_view_mutation_regenerates_views():
+    def f(x, y):
+        a = x * y
+        v = a[1:]
+        w = a.t()
+        v.mul_(3)
+        a.add_(1)
+        return v + 0, w.exp(), a.view(-1) + 0
+
+    _check(f, [torch.randn(4, 3), torch.randn(4, 3)])
+
+
+def test_input_mutation_copied_back_and_aliasing_output():
+    def f(x, y):
+        x.add_(y)
+        x[0].zero_()
+        return x, x.view(-1), x.t(), y * 2
+
+    gm, args, out = _check(f, [torch.randn(3, 3), torch.randn(3, 3)])
+    assert out[0] is args[0]
+    assert out[1]._base is args[0] and out[2]._base is args[0]
+
+
+def test_out_variant_and_dtype_of_inplace():
+    def f(x, y, buf):
+        torch.add(x, y, out=buf)
+        z = torch.zeros(3, 4, dtype=torch.float32)
+        z.add_(y.double())
+        return buf * 2, z
+
+    _check(f, [torch.randn(3, 4), torch.randn(3, 4), torch.empty(3, 4)])
+
+
+def test_transposed_and_expanded_outputs_keep_strides():
+    def f(x):
+        return (x.t() * 2), x.sum(0).expand(5, 4) + 1, x.permute(1, 0).contiguous()
+
+    _check(f, [torch.randn(5, 4)])
+
+
+def test_batchnorm_train_buffers_no_grad():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU())
+    m2 = copy.deepcopy(m)
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        compiled = aot_eager(fx.symbolic_trace(m2), [x])
+        for _ in range(2):
+            torch.testing.assert_close(compiled(x), m(x))
+    for name, b in m.named_buffers():
+        torch.testing.assert_close(dict(m2.named_buffers())[name], b)
+
+
+def test_torch_compile_front_end():
+    def f(x, w):
+        y = torch.nn.functional.gelu(x @ w)
+        x.mul_(2)
+        return y.softmax(-1), x[1:]
+
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    cf = torch.compile(f, backend=aot_eager, dynamic=False)
+    x1, x2 = x.clone(), x.clone()
+    ref = f(x1, w)
+    out = cf(x2, w)
+    torch.testing.assert_close(out[0], ref[0])
+    torch.testing.assert_close(out[1], ref[1])
+    torch.testing.assert_close(x2, x1)
+    assert out[1]._base is x2
+
+
+def test_int_inputs_are_specialized_per_value():
+    class G(torch.nn.Module):
+        def forward(self, x, n):
+            return (x * n,)
+
+    gm = fx.symbolic_trace(G())
+    fn = aot_compile(gm, [torch.ones(2), 3], eager_compile_aten)
+    torch.testing.assert_close(fn(torch.ones(2), 3)[0], torch.full((2,), 3.0))
+    torch.testing.assert_close(fn(torch.ones(2), 5)[0], torch.full((2,), 5.0))
+
+
+def test_aliased_inputs_rejected_clearly():
+    def f(x, y):
+        x.add_(1)
+        return (y + 1,)
+
+    base = torch.randn(4)
+    with pytest.raises(TraceError, match="share memory"):
+        aot_eager(fx.symbolic_trace(f), [base, base.view(2, 2)])
+
+
+def test_data_dependent_rejected_clearly():
+    def f(x):
+        return (x.nonzero(),)
+
+    with pytest.raises(TraceError, match="data-dependent"):
+        aot_eager(fx.symbolic_trace(f), [torch.randn(4)])
