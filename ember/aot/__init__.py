@@ -25,7 +25,7 @@ import torch
 import torch.fx as fx
 
 from ember import logs
-from ember.aot.program import Program, split_args, trace_inference
+from ember.aot.program import Program, lift_state, split_args, trace_inference
 from ember.aot.runtime import InferenceRuntime
 
 CompileAten = Callable[[fx.GraphModule, list[torch.Tensor]], Callable[..., Sequence[Any]]]
@@ -38,10 +38,6 @@ def eager_compile_aten(gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -
     return gm.forward
 
 
-def _needs_grad(flat: Sequence[torch.Tensor]) -> bool:
-    return torch.is_grad_enabled() and any(t.requires_grad for t in flat)
-
-
 class AotFunction:
     """The callable a backend returns: picks (and lazily builds) the inference or training
     version for the current grad mode and the values of specialized int inputs."""
@@ -49,7 +45,8 @@ class AotFunction:
     def __init__(self, gm: torch.nn.Module, compile_aten: CompileAten) -> None:
         self.gm = gm
         self.compile_aten = compile_aten
-        self._cache: dict[tuple[bool, tuple[Any, ...]], Callable[[Sequence[Any]], Any]] = {}
+        self.state = lift_state(gm)
+        self._cache: dict[tuple[tuple[bool, ...], tuple[Any, ...]], Any] = {}
 
     def _build(self, args: Sequence[Any], training: bool) -> Callable[[Sequence[Any]], Any]:
         if training:
@@ -63,14 +60,14 @@ class AotFunction:
         return InferenceRuntime(program, compiled)
 
     def runtime_for(self, args: Sequence[Any]) -> Callable[[Sequence[Any]], Any]:
-        kinds, ints = split_args(args)
+        _, ints = split_args(args)
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        params = [p for p in self.gm.parameters()]
-        training = _needs_grad(tensors + params)
-        key = (training, ints)
+        tensors += [r.get() for r in self.state]
+        grad_mask = tuple(t.requires_grad for t in tensors) if torch.is_grad_enabled() else ()
+        key = (grad_mask, ints)
         runtime = self._cache.get(key)
         if runtime is None:
-            runtime = self._build(args, training)
+            runtime = self._build(args, any(grad_mask))
             self._cache[key] = runtime
         return runtime
 

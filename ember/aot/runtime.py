@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch
+
 from ember.aot.program import Program, apply_mutations, build_outputs
 
 Compiled = Callable[..., Sequence[Any]]
@@ -26,5 +28,65 @@ class InferenceRuntime:
     def __call__(self, args: Sequence[Any]) -> Any:
         flat = self.program.flat_inputs(args)
         outs = self.compiled(*flat)
+        apply_mutations(self.program, flat, outs)
+        return build_outputs(self.program, flat, outs)
+
+
+def _contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_contiguous() else t.contiguous()
+
+
+class _CompiledFunction(torch.autograd.Function):
+    """One compiled region as one autograd node: compiled forward, compiled backward."""
+
+    @staticmethod
+    def forward(ctx: Any, runtime: TrainingRuntime, *flat: torch.Tensor) -> tuple:
+        outs = runtime.fwd(*flat)
+        n_out = runtime.num_fwd_outputs
+        user, saved = list(outs[:n_out]), list(outs[n_out:])
+        ctx.runtime = runtime
+        ctx.save_for_backward(*saved)
+        non_diff = [o for k, o in enumerate(user) if k not in runtime.diff_set]
+        ctx.mark_non_differentiable(*[o for o in non_diff if isinstance(o, torch.Tensor)])
+        return tuple(user)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, *grad_outs: torch.Tensor | None) -> tuple:
+        runtime: TrainingRuntime = ctx.runtime
+        tangents = []
+        for k, spec in zip(runtime.diff_outputs, runtime.tangent_specs, strict=True):
+            g = grad_outs[k]
+            if g is None:
+                g = torch.zeros(spec[0], dtype=spec[1], device=spec[2])
+            tangents.append(_contiguous(g))
+        grads = runtime.bwd(*ctx.saved_tensors, *tangents)
+        result: list[torch.Tensor | None] = [None] * runtime.num_primals
+        for i, g in zip(runtime.grad_inputs, grads, strict=True):
+            result[i] = g
+        return (None, *result)
+
+
+class TrainingRuntime:
+    """Calls the compiled forward/backward pair through _CompiledFunction."""
+
+    def __init__(self, joint: Any, parts: Any, fwd: Compiled, bwd: Compiled) -> None:
+        self.program: Program = joint.program
+        self.parts = parts
+        self.fwd = fwd
+        self.bwd = bwd
+        self.num_primals = joint.num_primals
+        self.num_fwd_outputs = joint.num_fwd_outputs
+        self.diff_outputs = joint.diff_outputs
+        self.diff_set = set(joint.diff_outputs)
+        self.grad_inputs = joint.grad_inputs
+        out_vals = next(iter(joint.gm.graph.find_nodes(op="output"))).meta["val"]
+        self.tangent_specs = [
+            (out_vals[k].shape, out_vals[k].dtype, out_vals[k].device) for k in self.diff_outputs
+        ]
+
+    def __call__(self, args: Sequence[Any]) -> Any:
+        flat = self.program.flat_inputs(args)
+        outs = _CompiledFunction.apply(self, *flat)
         apply_mutations(self.program, flat, outs)
         return build_outputs(self.program, flat, outs)

@@ -241,16 +241,20 @@ class Tracer:
         self.aliases.write(target, value)
 
     def finish(self, outputs: list[Any]) -> fx.GraphModule:
-        """Set the graph's outputs (tensors become nodes) and build the GraphModule."""
-        vals = [self.value(o) if isinstance(o, torch.Tensor) else o for o in outputs]
-        out = self.graph.output(tuple(vals))
-        out.meta["val"] = tuple(outputs)
+        """Set the graph's outputs (tensors become their value nodes); build the module."""
+        return self.finish_nodes(
+            [self.value(o) if isinstance(o, torch.Tensor) else o for o in outputs]
+        )
+
+    def finish_nodes(self, outputs: list[Any]) -> fx.GraphModule:
+        """Set the graph's outputs (nodes or constants) and build the GraphModule."""
+        out = self.graph.output(tuple(outputs))
+        out.meta["val"] = tuple(o.meta["val"] if isinstance(o, fx.Node) else o for o in outputs)
         root = torch.nn.Module()
         for name, t in self.constants.items():
             setattr(root, name, t)
         self.graph.eliminate_dead_code()
-        gm = fx.GraphModule(root, self.graph)
-        return gm
+        return fx.GraphModule(root, self.graph)
 
 
 def _native_batch_norm(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:

@@ -1,0 +1,120 @@
+"""The joint forward+backward trace, and the assembly of a training callable.
+
+Trace: run the gm's forward on fake tensors under ember's recorder (trace.py), then call
+`torch.autograd.grad` on the fake outputs with fake tangents, still under the recorder, so
+every op of PyTorch's own backward formulas lands in the same functional graph. No derivative
+table lives in ember: what PyTorch's autograd does in eager is what the graph contains.
+
+The joint graph takes (primals..., tangents...) and returns
+(forward outputs..., mutated inputs' final values..., gradients of the differentiable
+inputs...). partition.py splits it; runtime.TrainingRuntime runs the two halves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from ember import logs
+from ember.aot.partition import partition
+from ember.aot.program import Program, begin, run_forward
+from ember.aot.runtime import InferenceRuntime, TrainingRuntime
+from ember.aot.trace import TraceError, check_functional
+from ember.errors import BreakReason
+
+
+@dataclass
+class JointGraph:
+    """A traced joint graph and the counts that say how its outputs are laid out."""
+
+    program: Program
+    gm: fx.GraphModule
+    num_primals: int
+    num_tangents: int
+    num_fwd_outputs: int  # user outputs + mutated inputs' final values
+    diff_outputs: list[int]  # indices (into the user graph outputs) that get a tangent
+    grad_inputs: list[int]  # flat input indices that get a gradient
+
+
+def _differentiable(t: torch.Tensor) -> bool:
+    return t.requires_grad and (t.is_floating_point() or t.is_complex())
+
+
+def trace_joint(gm: torch.nn.Module, args: Sequence[Any]) -> JointGraph | None:
+    """Trace forward and backward together; None when no output needs a gradient."""
+    tracer, program, fakes, call_args = begin(gm, args)
+    with torch.enable_grad():
+        graph_outs = run_forward(tracer, program, gm, fakes, call_args)
+    for i in program.mutated:
+        if fakes[i].requires_grad:
+            raise TraceError(
+                BreakReason.SIDE_EFFECT,
+                f"input {i} requires grad and is mutated in place by the compiled graph",
+                hint="mutate a clone, or run the mutation under torch.no_grad()",
+            )
+    diff_outputs = [k for k, o in enumerate(graph_outs) if _differentiable(o)]
+    grad_inputs = [i for i, f in enumerate(fakes) if _differentiable(f)]
+    if not diff_outputs or not grad_inputs:
+        return None
+    # read the forward's values now: the backward must not change what the forward returns
+    fwd_nodes = [tracer.value(o) for o in graph_outs] + [
+        tracer.value(fakes[i]) for i in program.mutated
+    ]
+    tangents = []
+    for k in diff_outputs:
+        o = graph_outs[k]
+        with tracer.fake_mode:
+            t = torch.empty(o.shape, dtype=o.dtype, device=o.device)
+        tracer.placeholder(f"tangents_{len(tangents) + 1}", t)
+        tangents.append(t)
+    with tracer.recording():
+        grads = torch.autograd.grad(
+            [graph_outs[k] for k in diff_outputs],
+            [fakes[i] for i in grad_inputs],
+            tangents,
+            allow_unused=True,
+        )
+    grad_nodes = [tracer.value(g) if g is not None else None for g in grads]
+    joint = tracer.finish_nodes(fwd_nodes + grad_nodes)
+    check_functional(joint.graph)
+    return JointGraph(
+        program=program,
+        gm=joint,
+        num_primals=len(fakes),
+        num_tangents=len(tangents),
+        num_fwd_outputs=len(fwd_nodes),
+        diff_outputs=diff_outputs,
+        grad_inputs=grad_inputs,
+    )
+
+
+def _example(val: torch.Tensor) -> torch.Tensor:
+    """A real tensor with the metadata of a fake one (what compile_aten gets as example)."""
+    return torch.zeros_like(torch.empty_strided(val.shape, val.stride(), dtype=val.dtype))
+
+
+def build_training(
+    gm: torch.nn.Module, args: Sequence[Any], compile_aten: Callable
+) -> Callable[[Sequence[Any]], Any]:
+    """Trace, partition and compile both halves; returns the runtime for these inputs."""
+    joint = trace_joint(gm, args)
+    if joint is None:
+        from ember.aot.program import trace_inference
+
+        program = trace_inference(gm, args)
+        flat = program.flat_inputs(args)
+        return InferenceRuntime(program, compile_aten(program.gm, list(flat)))
+    if logs.enabled("aot"):
+        logs.log("aot", "joint graph:\n%s", joint.gm.print_readable(print_output=False))
+    parts = partition(joint.gm, joint.num_primals, joint.num_fwd_outputs)
+    flat = joint.program.flat_inputs(args)
+    fwd = compile_aten(parts.forward, list(flat))
+    bwd_examples = [
+        _example(n.meta["val"]) for n in parts.backward.graph.find_nodes(op="placeholder")
+    ]
+    bwd = compile_aten(parts.backward, bwd_examples)
+    return TrainingRuntime(joint, parts, fwd, bwd)

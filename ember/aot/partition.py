@@ -1,0 +1,233 @@
+"""Split a joint forward+backward graph into a forward graph and a backward graph.
+
+Input: the joint GraphModule of joint.py, (primals..., tangents...) -> (forward outputs...,
+gradients...). Output: `Partition`: forward = primals -> (forward outputs..., saved...),
+backward = (saved..., tangents...) -> gradients.
+
+Which values cross from forward to backward ("saved") decides the activation memory of
+training. Two policies:
+
+- naive: save every tangent-independent value that a tangent-dependent node reads;
+- min-cut rematerialization (the default): a max-flow/min-cut over the tangent-independent
+  part of the graph, where cutting a node costs the bytes of its value. Cheap ops (pointwise,
+  views, fills) may be recomputed in the backward from what is saved; expensive ones
+  (matmul, convolution, reductions) and random ones never are (a random op recomputed would
+  draw a different mask), so their values are saved when the backward needs them.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import networkx as nx
+import torch
+import torch.fx as fx
+
+from ember import logs
+from ember.aot.functionalize import is_view_op
+
+aten = torch.ops.aten
+
+# ops that are not tagged pointwise but are as cheap to recompute as to load
+_CHEAP = {
+    aten.empty_like.default,
+    aten.zeros_like.default,
+    aten.ones_like.default,
+    aten.full_like.default,
+    aten.new_zeros.default,
+    aten.new_ones.default,
+    aten.new_empty.default,
+    aten.full.default,
+    aten.zeros.default,
+    aten.ones.default,
+    aten.empty.memory_format,
+    aten.scalar_tensor.default,
+    aten._to_copy.default,
+    aten.copy.default,
+    aten.expand.default,
+}
+
+
+@dataclass
+class Partition:
+    """Forward and backward graphs and what the forward saves for the backward."""
+
+    forward: fx.GraphModule
+    backward: fx.GraphModule
+    saved: list[str]  # node names, in the order they trail the forward's outputs
+    saved_bytes: int
+    naive_saved_bytes: int
+
+
+def _nbytes(node: fx.Node) -> float:
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return float(val.numel() * val.element_size())
+    return math.inf  # tuples are never saved whole: their items are
+
+
+def _is_random(node: fx.Node) -> bool:
+    t = node.target
+    return isinstance(t, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in t.tags
+
+
+def recomputable(node: fx.Node) -> bool:
+    """May the backward compute this value again instead of loading it?"""
+    if node.op == "get_attr":
+        return True
+    if node.op != "call_function":
+        return False
+    if node.target is operator.getitem:
+        return recomputable(node.args[0])  # type: ignore[arg-type]
+    t = node.target
+    if not isinstance(t, torch._ops.OpOverload) or _is_random(node):
+        return False
+    return torch.Tag.pointwise in t.tags or is_view_op(t) or t in _CHEAP
+
+
+def _ancestors(roots: Iterable[fx.Node]) -> set[fx.Node]:
+    seen: set[fx.Node] = set()
+    stack = [r for r in roots if isinstance(r, fx.Node)]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        stack.extend(n.all_input_nodes)
+    return seen
+
+
+class _Analysis:
+    """Which nodes the forward outputs need, which the gradients need, which see tangents."""
+
+    def __init__(self, joint: fx.GraphModule, num_primals: int, num_fwd_outputs: int) -> None:
+        self.graph = joint.graph
+        self.placeholders = list(self.graph.find_nodes(op="placeholder"))
+        self.primals = self.placeholders[:num_primals]
+        self.tangents = self.placeholders[num_primals:]
+        out = next(iter(self.graph.find_nodes(op="output")))
+        outs = list(out.args[0])
+        self.fwd_outs = outs[:num_fwd_outputs]
+        self.grads = outs[num_fwd_outputs:]
+        self.tangent_dep: set[fx.Node] = set(self.tangents)
+        for n in self.graph.nodes:
+            if any(i in self.tangent_dep for i in n.all_input_nodes):
+                self.tangent_dep.add(n)
+        self.fw_required = _ancestors(self.fwd_outs)
+        self.bw_required = _ancestors(self.grads)
+        self.grad_set = {g for g in self.grads if isinstance(g, fx.Node)}
+
+    def bw_readers(self, n: fx.Node) -> bool:
+        """True when a backward node (or a gradient output) reads n directly."""
+        if n in self.grad_set:
+            return True
+        return any(u in self.tangent_dep and u in self.bw_required for u in n.users)
+
+    def naive_saved(self) -> list[fx.Node]:
+        return [
+            n
+            for n in self.graph.nodes
+            if n in self.bw_required and n not in self.tangent_dep and self.bw_readers(n)
+        ]
+
+    def min_cut_saved(self) -> list[fx.Node]:
+        """Max-flow/min-cut: the cheapest set of values from which the backward can go on."""
+        g = nx.DiGraph()
+        candidates = [
+            n for n in self.graph.nodes if n in self.bw_required and n not in self.tangent_dep
+        ]
+        for n in candidates:
+            g.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=_nbytes(n))
+            must_run_forward = n.op == "placeholder" or _is_random(n)
+            if not recomputable(n) and (n in self.fw_required or n.op != "call_function"):
+                must_run_forward = True
+            if n.target is operator.getitem and not recomputable(n):
+                must_run_forward = True
+            if must_run_forward:
+                g.add_edge("source", f"{n.name}_in", capacity=math.inf)
+            if self.bw_readers(n):
+                g.add_edge(f"{n.name}_out", "sink", capacity=math.inf)
+            for u in n.users:
+                if u in self.bw_required and u not in self.tangent_dep:
+                    g.add_edge(f"{n.name}_out", f"{u.name}_in", capacity=math.inf)
+        if "sink" not in g or "source" not in g:
+            return self.naive_saved()
+        _, (reachable, _unreachable) = nx.minimum_cut(g, "source", "sink")
+        return [
+            n
+            for n in candidates
+            if f"{n.name}_in" in reachable and f"{n.name}_out" not in reachable
+        ]
+
+
+def _extract(
+    joint: fx.GraphModule,
+    keep: set[fx.Node],
+    inputs: list[fx.Node],
+    outputs: list,
+) -> fx.GraphModule:
+    """A new graph computing `outputs` from `inputs` with the kept nodes, in joint order."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for n in inputs:
+        p = graph.placeholder(n.name)
+        p.meta = dict(n.meta)
+        env[n] = p
+    for n in joint.graph.nodes:
+        if n in keep and n not in env and n.op not in ("placeholder", "output"):
+            env[n] = graph.node_copy(n, lambda x: env[x])
+    result = tuple(env[o] if isinstance(o, fx.Node) else o for o in outputs)
+    graph.output(result)
+    graph.eliminate_dead_code()
+    return fx.GraphModule(joint, graph)
+
+
+def _needed(outputs: Iterable, available: set[fx.Node]) -> set[fx.Node]:
+    """Nodes needed for outputs when `available` nodes are inputs (search stops there)."""
+    seen: set[fx.Node] = set()
+    stack = [o for o in outputs if isinstance(o, fx.Node)]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n in available:
+            continue
+        if n.op == "placeholder":
+            raise AssertionError(f"partition: backward needs unsaved primal {n.name}")
+        stack.extend(n.all_input_nodes)
+    return seen
+
+
+def partition(
+    joint: fx.GraphModule, num_primals: int, num_fwd_outputs: int, *, recompute: bool = True
+) -> Partition:
+    """Split the joint graph; `recompute=False` gives the naive 'save what is read'."""
+    a = _Analysis(joint, num_primals, num_fwd_outputs)
+    naive = a.naive_saved()
+    saved = a.min_cut_saved() if recompute else naive
+    fwd_keep = _ancestors(a.fwd_outs + saved)
+    forward = _extract(joint, fwd_keep, a.primals, a.fwd_outs + saved)
+    available = set(saved) | set(a.tangents)
+    bwd_keep = _needed(a.grads, available)
+    backward = _extract(joint, bwd_keep, saved + a.tangents, a.grads)
+    result = Partition(
+        forward=forward,
+        backward=backward,
+        saved=[n.name for n in saved],
+        saved_bytes=int(sum(_nbytes(n) for n in saved)),
+        naive_saved_bytes=int(sum(_nbytes(n) for n in naive)),
+    )
+    logs.log(
+        "aot",
+        "partition: saved %d values, %d bytes (naive: %d values, %d bytes)%s",
+        len(saved),
+        result.saved_bytes,
+        len(naive),
+        result.naive_saved_bytes,
+        "" if recompute else " [recompute off]",
+    )
+    return result
