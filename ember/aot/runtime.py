@@ -51,8 +51,14 @@ class _CompiledFunction(torch.autograd.Function):
         return tuple(user)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx: Any, *grad_outs: torch.Tensor | None) -> tuple:
+        if torch.is_grad_enabled():
+            # create_graph=True: the compiled backward has no derivative of its own, and a
+            # gradient missing its second-order part would be silently wrong
+            raise RuntimeError(
+                "ember aot: double backward (create_graph=True) through a compiled region is "
+                "not supported; compile only the first-order part or run it eagerly"
+            )
         runtime: TrainingRuntime = ctx.runtime
         tangents = []
         for k, spec in zip(runtime.diff_outputs, runtime.tangent_specs, strict=True):

@@ -278,7 +278,8 @@ def _native_batch_norm(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> 
 
 def _rebind(func: Any, fvar: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """Arguments for `fvar` from a call of `func`, matched by name (written ones dropped)."""
-    given = dict(zip([a.name for a in func._schema.arguments], args, strict=False)) | kwargs
+    given = {a.name: a.default_value for a in func._schema.arguments if a.has_default_value()}
+    given |= dict(zip([a.name for a in func._schema.arguments], args, strict=False)) | kwargs
     f_args: list[Any] = []
     f_kwargs: dict[str, Any] = {}
     positional = True

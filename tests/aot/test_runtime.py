@@ -1,0 +1,163 @@
+"""Autograd semantics of the compiled training runtime and the partitioner's choices."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import nn
+
+from ember.aot import aot_eager
+from ember.aot.joint import trace_joint
+from ember.aot.partition import partition
+
+
+def _compile(fn, *inputs):
+    return aot_eager(fx.symbolic_trace(fn), list(inputs))
+
+
+def test_non_differentiable_and_unused_outputs():
+    def f(x, w):
+        y = x @ w
+        return y.argmax(-1), y.sum(-1), (y * 2).relu()
+
+    x, w = torch.randn(4, 5), torch.randn(5, 3, requires_grad=True)
+    fn = _compile(f, x, w)
+    idx, s, r = fn(x, w)
+    assert not idx.requires_grad and idx.dtype == torch.long
+    s.sum().backward()  # r gets no gradient: its tangent is None
+    w_ref = w.detach().clone().requires_grad_()
+    f(x, w_ref)[1].sum().backward()
+    torch.testing.assert_close(w.grad, w_ref.grad)
+    torch.testing.assert_close(idx, f(x, w_ref)[0])
+
+
+def test_inputs_without_grad_get_none_and_retain_graph():
+    def f(a, b, c):
+        return (a * b + c.exp(),)
+
+    a = torch.randn(3, requires_grad=True)
+    b, c = torch.randn(3), torch.randn(3, requires_grad=True)
+    fn = _compile(f, a, b, c)
+    (out,) = fn(a, b, c)
+    out.sum().backward(retain_graph=True)
+    out.sum().backward()  # saved values survive retain_graph; grads accumulate
+    assert b.grad is None
+    torch.testing.assert_close(a.grad, 2 * b)
+    torch.testing.assert_close(c.grad, 2 * c.exp())
+    with pytest.raises(RuntimeError):
+        out.sum().backward()  # buffers freed after a backward without retain_graph
+
+
+def test_double_backward_is_a_clear_error():
+    def f(x):
+        return (x.sin() ** 2,)
+
+    x = torch.randn(4, requires_grad=True)
+    (y,) = _compile(f, x)(x)
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(y.sum(), x, create_graph=True)
+    (g,) = torch.autograd.grad(y.sum(), x)  # first order still works
+    torch.testing.assert_close(g, 2 * x.sin() * x.cos())
+
+
+def test_grad_of_intermediate_input_flows_to_earlier_graph():
+    lin = nn.Linear(4, 4)
+
+    def f(h):
+        return (torch.tanh(h) * 3,)
+
+    x = torch.randn(2, 4)
+    h = lin(x)
+    fn = _compile(f, h)
+    fn(h)[0].sum().backward()
+    ref = nn.Linear(4, 4)
+    ref.load_state_dict(lin.state_dict())
+    (torch.tanh(ref(x)) * 3).sum().backward()
+    torch.testing.assert_close(lin.weight.grad, ref.weight.grad)
+
+
+def test_input_view_output_keeps_autograd_and_aliasing():
+    def f(x, w):
+        return x.t(), (x * w).sum()
+
+    x, w = torch.randn(3, 4, requires_grad=True), torch.randn(3, 4, requires_grad=True)
+    xt, s = _compile(f, x, w)(x, w)
+    assert xt._base is x
+    (xt.sum() * 2 + s).backward()
+    torch.testing.assert_close(x.grad, 2 + w)
+    torch.testing.assert_close(w.grad, x.detach())
+
+
+def test_dropout_mask_same_as_eager_with_same_seed():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return F.gelu(F.dropout(self.lin(x), 0.5, training=True)) * 2
+
+    torch.manual_seed(0)
+    ref = M()
+    mod = M()
+    mod.load_state_dict(ref.state_dict())
+    x = torch.randn(16, 8)
+    fn = _compile(mod, x)
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        out_ref = ref(x)
+        torch.manual_seed(seed)
+        out = fn(x)
+        torch.testing.assert_close(out, out_ref)
+        out_ref.square().sum().backward()
+        out.square().sum().backward()
+        torch.testing.assert_close(mod.lin.weight.grad, ref.lin.weight.grad)
+
+
+class GeluMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(32, 128), nn.Linear(128, 32)
+
+    def forward(self, x):
+        return (self.fc2(F.gelu(self.fc1(x))),)
+
+
+def test_partitioner_recomputes_gelu_instead_of_saving(caplog):
+    x = torch.randn(16, 32)
+    joint = trace_joint(fx.symbolic_trace(GeluMLP()), [x])
+    naive = partition(joint.gm, joint.num_primals, joint.num_fwd_outputs, recompute=False)
+    with caplog.at_level(logging.DEBUG, logger="ember.aot"):
+        cut = partition(joint.gm, joint.num_primals, joint.num_fwd_outputs)
+    assert cut.saved_bytes < naive.saved_bytes == cut.naive_saved_bytes
+    act = 16 * 128 * 4
+    assert naive.saved_bytes - cut.saved_bytes >= act  # the GELU output is not saved
+    bwd_targets = [n.target for n in cut.backward.graph.nodes]
+    assert torch.ops.aten.gelu.default in bwd_targets  # recomputed from the saved matmul
+    assert f"{cut.saved_bytes} bytes" in caplog.text
+
+
+def test_partitioner_never_recomputes_random_ops():
+    def f(x, w):
+        return (F.dropout(x @ w, 0.3, training=True).sin(),)
+
+    x, w = torch.randn(8, 8), torch.randn(8, 8, requires_grad=True)
+    joint = trace_joint(fx.symbolic_trace(f), [x, w])
+    cut = partition(joint.gm, joint.num_primals, joint.num_fwd_outputs)
+    for node in cut.backward.graph.nodes:
+        if isinstance(node.target, torch._ops.OpOverload):
+            assert torch.Tag.nondeterministic_seeded not in node.target.tags
+
+
+def test_mutating_input_that_requires_grad_is_rejected():
+    def f(x):
+        x.mul_(2)
+        return (x.sum(),)
+
+    x = torch.randn(3, requires_grad=True)
+    with pytest.raises(Exception, match="mutat"):
+        _compile(f, x.clone())
