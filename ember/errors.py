@@ -24,6 +24,7 @@ class BreakReason(enum.Enum):
     INLINE_DEPTH = "user calls nested too deeply"
     SIDE_EFFECT = "mutation ember cannot record"
     TENSOR_OP_FAILED = "tensor operation failed on example inputs"
+    DATA_DEPENDENT_OP = "operation whose output shape depends on tensor values"
 
 
 class Unsupported(Exception):

@@ -1,0 +1,24 @@
+"""ember: torch.compile written again in Python.
+
+import ember
+fast = ember.compile(model)          # same arguments as torch.compile
+ember.explain(fn)(*args)             # graphs, guards and graph breaks
+"""
+
+from ember import config
+from ember.api import compile, disable, reset
+from ember.errors import BackendCompilerFailed, BreakReason, Unsupported
+from ember.logs import set_logs
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendCompilerFailed",
+    "BreakReason",
+    "Unsupported",
+    "compile",
+    "config",
+    "disable",
+    "reset",
+    "set_logs",
+]

@@ -1,0 +1,199 @@
+"""`ember.compile` and the wrappers it returns.
+
+There is no frame-evaluation hook in pure Python, so the entry is the wrapper: on each call it
+tries the cache entries of the function's code object (guard, then replacement), and captures
+anew on a miss. Modules get a wrapper module whose forward goes through the same machinery.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ember import config, logs
+from ember.backends import lookup
+from ember.capture import cache as frame_cache
+from ember.capture.frame import capture_call
+from ember.errors import Unsupported
+
+
+class CompileOptions:
+    """What `ember.compile` was asked for, checked once up front."""
+
+    def __init__(
+        self,
+        fullgraph: bool,
+        dynamic: bool | None,
+        backend: Any,
+        mode: str | None,
+        options: dict | None,
+    ) -> None:
+        if mode not in (
+            None,
+            "default",
+            "reduce-overhead",
+            "max-autotune",
+            "max-autotune-no-cudagraphs",
+        ):
+            raise ValueError(f"unknown mode {mode!r}")
+        if mode is not None and options:
+            raise RuntimeError("either mode or options can be given, not both")
+        self.fullgraph = fullgraph
+        self.dynamic = dynamic  # shapes are always specialized; a new shape recompiles
+        self.backend = lookup(backend)
+        self.mode = mode
+        self.options = dict(options or {})
+
+
+def _disabled(fn: Any) -> bool:
+    return getattr(fn, "_ember_disabled", False)
+
+
+def _run_cached(fn: types.FunctionType, opts: CompileOptions, args: tuple, kwargs: dict) -> Any:
+    """The slow path: no entry matched."""
+    cache = frame_cache.cache_for(fn.__code__)
+    if cache.eager_reason is not None:
+        return fn(*args, **kwargs)
+    limit = config.current().recompile_limit
+    if cache.entries:
+        failure = cache.entries[-1].guard.first_failure(*args, **kwargs)
+        cache.misses.append(failure)
+        logs.log("recompiles", "recompiling %s: guard failed: %s", fn.__qualname__, failure)
+        if len(cache.entries) >= limit:
+            reason = (
+                f"{fn.__qualname__} hit the recompile limit ({limit}); running it eagerly."
+                f" Guards that kept failing: {sorted(set(cache.misses))}"
+            )
+            warnings.warn(reason, stacklevel=3)
+            cache.eager_reason = reason
+            return fn(*args, **kwargs)
+    try:
+        entry = capture_call(fn, args, kwargs, opts.backend)
+    except Unsupported as exc:
+        if opts.fullgraph:
+            raise
+        logs.log("graph_breaks", "running %s eagerly: %s", fn.__qualname__, exc)
+        cache.eager_reason = exc
+        return fn(*args, **kwargs)
+    cache.entries.append(entry)
+    return entry.fn(*args, **kwargs)
+
+
+def compile_function(fn: Callable[..., Any], opts: CompileOptions) -> Callable[..., Any]:
+    """Wrap a function (or bound method) so that its calls go through the guarded cache."""
+    if isinstance(fn, types.MethodType):
+        inner = compile_function(fn.__func__, opts)
+        return types.MethodType(inner, fn.__self__)
+    if not isinstance(fn, types.FunctionType):
+        raise TypeError(f"ember.compile expects a function or nn.Module, got {type(fn).__name__}")
+    if _disabled(fn):
+        return fn
+    original = getattr(fn, "_ember_original", fn)
+    entries = frame_cache.cache_for(original.__code__).entries
+
+    @functools.wraps(original)
+    def compiled(*args: Any, **kwargs: Any) -> Any:
+        for entry in entries:
+            if entry.guard.check(*args, **kwargs):
+                return entry.fn(*args, **kwargs)
+        return _run_cached(original, opts, args, kwargs)
+
+    compiled._ember_original = original
+    compiled._ember_options = opts
+    return compiled
+
+
+class CompiledModule(torch.nn.Module):
+    """The module `ember.compile(module)` returns: forward is compiled, everything else
+    (attributes, parameters, state_dict, train()/eval()) is the original's."""
+
+    def __init__(self, mod: torch.nn.Module, opts: CompileOptions) -> None:
+        super().__init__()
+        self._orig_mod = mod
+        self._compiled_forward = compile_function(type(mod).forward, opts)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        mod = self._orig_mod
+        if mod._forward_hooks or mod._forward_pre_hooks:
+            return mod(*args, **kwargs)  # hooks run as in eager
+        return self._compiled_forward(mod, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_orig_mod":
+            return self._modules["_orig_mod"]
+        return getattr(self._orig_mod, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if (
+            name in ("_orig_mod", "_compiled_forward")
+            or name.startswith("_")
+            and name in self.__dict__
+        ):
+            super().__setattr__(name, value)
+        else:
+            setattr(
+                self._orig_mod, name, value
+            ) if "_orig_mod" in self._modules else super().__setattr__(name, value)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return self._orig_mod.load_state_dict(*args, **kwargs)
+
+    def train(self, mode: bool = True) -> CompiledModule:
+        self._orig_mod.train(mode)
+        return self
+
+    def __repr__(self) -> str:
+        return f"CompiledModule({self._orig_mod!r})"
+
+
+def compile(
+    model: Any = None,
+    *,
+    fullgraph: bool = False,
+    dynamic: bool | None = None,
+    backend: Any = "ember",
+    mode: str | None = None,
+    options: dict | None = None,
+    disable: bool = False,
+) -> Any:
+    """Compile a function or nn.Module; usable as a call, a bare decorator or a decorator
+    with arguments, like `torch.compile`."""
+    if model is None:
+        return functools.partial(
+            compile,
+            fullgraph=fullgraph,
+            dynamic=dynamic,
+            backend=backend,
+            mode=mode,
+            options=options,
+            disable=disable,
+        )
+    if disable:
+        return model
+    opts = CompileOptions(fullgraph, dynamic, backend, mode, options)
+    if isinstance(model, torch.nn.Module):
+        return CompiledModule(model, opts)
+    if not callable(model):
+        raise TypeError(f"ember.compile expects a callable, got {type(model).__name__}")
+    return compile_function(model, opts)
+
+
+def disable(fn: Callable[..., Any] | None = None) -> Any:
+    """Mark a function never to be captured (a compiled caller runs it in Python)."""
+    if fn is None:
+        return disable
+    fn._ember_disabled = True
+    return fn
+
+
+def reset() -> None:
+    """Forget every cache entry (compiled functions recapture on their next call)."""
+    frame_cache.reset()

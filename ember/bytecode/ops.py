@@ -1,0 +1,246 @@
+"""Version-neutral operations: every CPython opcode of 3.11 and 3.12 maps to one `Op` or to a
+stated reason why ember does not interpret it.
+
+The translator's handlers are keyed by `Op`, so they never see a version-specific opcode
+(3.11's POP_JUMP_FORWARD_IF_TRUE and 3.12's POP_JUMP_IF_TRUE are both `Op.POP_JUMP_IF_TRUE`;
+3.12's LOAD_ATTR with the method bit is `Op.LOAD_METHOD`).
+"""
+
+from __future__ import annotations
+
+import dis
+import enum
+import operator
+import sys
+
+PY312 = sys.version_info >= (3, 12)
+
+
+class Op(enum.Enum):
+    NOP = enum.auto()
+    LOAD_FAST = enum.auto()
+    LOAD_FAST_AND_CLEAR = enum.auto()
+    STORE_FAST = enum.auto()
+    DELETE_FAST = enum.auto()
+    LOAD_CONST = enum.auto()
+    LOAD_GLOBAL = enum.auto()
+    STORE_GLOBAL = enum.auto()
+    LOAD_ATTR = enum.auto()
+    LOAD_METHOD = enum.auto()
+    LOAD_SUPER_ATTR = enum.auto()
+    STORE_ATTR = enum.auto()
+    DELETE_ATTR = enum.auto()
+    LOAD_DEREF = enum.auto()
+    STORE_DEREF = enum.auto()
+    LOAD_CLOSURE = enum.auto()
+    MAKE_CELL = enum.auto()
+    COPY_FREE_VARS = enum.auto()
+    POP_TOP = enum.auto()
+    PUSH_NULL = enum.auto()
+    COPY = enum.auto()
+    SWAP = enum.auto()
+    BINARY_OP = enum.auto()
+    UNARY_NEGATIVE = enum.auto()
+    UNARY_POSITIVE = enum.auto()
+    UNARY_NOT = enum.auto()
+    UNARY_INVERT = enum.auto()
+    COMPARE_OP = enum.auto()
+    IS_OP = enum.auto()
+    CONTAINS_OP = enum.auto()
+    BINARY_SUBSCR = enum.auto()
+    STORE_SUBSCR = enum.auto()
+    DELETE_SUBSCR = enum.auto()
+    BINARY_SLICE = enum.auto()
+    STORE_SLICE = enum.auto()
+    BUILD_TUPLE = enum.auto()
+    BUILD_LIST = enum.auto()
+    BUILD_SET = enum.auto()
+    BUILD_MAP = enum.auto()
+    BUILD_CONST_KEY_MAP = enum.auto()
+    BUILD_SLICE = enum.auto()
+    BUILD_STRING = enum.auto()
+    LIST_APPEND = enum.auto()
+    LIST_EXTEND = enum.auto()
+    LIST_TO_TUPLE = enum.auto()
+    SET_ADD = enum.auto()
+    SET_UPDATE = enum.auto()
+    MAP_ADD = enum.auto()
+    DICT_UPDATE = enum.auto()
+    DICT_MERGE = enum.auto()
+    UNPACK_SEQUENCE = enum.auto()
+    UNPACK_EX = enum.auto()
+    FORMAT_VALUE = enum.auto()
+    KW_NAMES = enum.auto()
+    CALL = enum.auto()
+    CALL_FUNCTION_EX = enum.auto()
+    MAKE_FUNCTION = enum.auto()
+    JUMP = enum.auto()
+    POP_JUMP_IF_TRUE = enum.auto()
+    POP_JUMP_IF_FALSE = enum.auto()
+    POP_JUMP_IF_NONE = enum.auto()
+    POP_JUMP_IF_NOT_NONE = enum.auto()
+    JUMP_IF_TRUE_OR_POP = enum.auto()
+    JUMP_IF_FALSE_OR_POP = enum.auto()
+    GET_ITER = enum.auto()
+    FOR_ITER = enum.auto()
+    END_FOR = enum.auto()
+    RETURN_VALUE = enum.auto()
+    RETURN_CONST = enum.auto()
+    BEFORE_WITH = enum.auto()
+    LOAD_ASSERTION_ERROR = enum.auto()
+    RAISE_VARARGS = enum.auto()
+    CALL_INTRINSIC_1 = enum.auto()
+    GET_LEN = enum.auto()
+    IMPORT_NAME = enum.auto()
+    IMPORT_FROM = enum.auto()
+
+
+# Real opcode names that map to an Op of another name.
+_ALIASES = {
+    "PRECALL": Op.NOP,
+    "RESUME": Op.NOP,
+    "EXTENDED_ARG": Op.NOP,
+    "CACHE": Op.NOP,
+    "LOAD_FAST_CHECK": Op.LOAD_FAST,
+    "STORE_FAST_MAYBE_NULL": Op.STORE_FAST,
+    "JUMP_FORWARD": Op.JUMP,
+    "JUMP_BACKWARD": Op.JUMP,
+    "JUMP_BACKWARD_NO_INTERRUPT": Op.JUMP,
+    "POP_JUMP_FORWARD_IF_TRUE": Op.POP_JUMP_IF_TRUE,
+    "POP_JUMP_BACKWARD_IF_TRUE": Op.POP_JUMP_IF_TRUE,
+    "POP_JUMP_FORWARD_IF_FALSE": Op.POP_JUMP_IF_FALSE,
+    "POP_JUMP_BACKWARD_IF_FALSE": Op.POP_JUMP_IF_FALSE,
+    "POP_JUMP_FORWARD_IF_NONE": Op.POP_JUMP_IF_NONE,
+    "POP_JUMP_BACKWARD_IF_NONE": Op.POP_JUMP_IF_NONE,
+    "POP_JUMP_FORWARD_IF_NOT_NONE": Op.POP_JUMP_IF_NOT_NONE,
+    "POP_JUMP_BACKWARD_IF_NOT_NONE": Op.POP_JUMP_IF_NOT_NONE,
+}
+
+# Opcodes ember does not interpret, each with the reason. Reaching one ends the capture.
+UNSUPPORTED: dict[str, str] = {
+    **dict.fromkeys(
+        [
+            "ASYNC_GEN_WRAP",
+            "BEFORE_ASYNC_WITH",
+            "END_ASYNC_FOR",
+            "GET_AITER",
+            "GET_ANEXT",
+            "GET_AWAITABLE",
+            "SEND",
+            "END_SEND",
+            "CLEANUP_THROW",
+        ],
+        "coroutines and async code are not captured",
+    ),
+    **dict.fromkeys(
+        ["YIELD_VALUE", "RETURN_GENERATOR", "GET_YIELD_FROM_ITER"],
+        "generators are not captured",
+    ),
+    **dict.fromkeys(
+        [
+            "PUSH_EXC_INFO",
+            "POP_EXCEPT",
+            "CHECK_EXC_MATCH",
+            "CHECK_EG_MATCH",
+            "RERAISE",
+            "PREP_RERAISE_STAR",
+            "WITH_EXCEPT_START",
+        ],
+        "exception handlers only run when traced code raises, which ends the capture",
+    ),
+    **dict.fromkeys(
+        ["MATCH_CLASS", "MATCH_KEYS", "MATCH_MAPPING", "MATCH_SEQUENCE"],
+        "structural pattern matching is not captured",
+    ),
+    **dict.fromkeys(
+        [
+            "LOAD_NAME",
+            "STORE_NAME",
+            "DELETE_NAME",
+            "LOAD_LOCALS",
+            "LOAD_CLASSDEREF",
+            "LOAD_FROM_DICT_OR_DEREF",
+            "LOAD_FROM_DICT_OR_GLOBALS",
+            "SETUP_ANNOTATIONS",
+            "LOAD_BUILD_CLASS",
+            "IMPORT_STAR",
+            "PRINT_EXPR",
+        ],
+        "module and class bodies are not captured, only functions",
+    ),
+    "DELETE_GLOBAL": "deleting a global is not captured",
+    "DELETE_DEREF": "deleting a closure variable is not captured",
+    "CALL_INTRINSIC_2": "exception-group and type-parameter intrinsics are not captured",
+    **dict.fromkeys(
+        [name for name in dis.opmap if name.startswith("INSTRUMENTED_")],
+        "instrumented opcodes only appear under sys.monitoring, which ember does not trace",
+    ),
+    **dict.fromkeys(
+        [
+            "INTERPRETER_EXIT",
+            "RESERVED",
+            "JUMP",
+            "JUMP_NO_INTERRUPT",
+            "LOAD_METHOD",
+            "LOAD_SUPER_METHOD",
+            "LOAD_ZERO_SUPER_ATTR",
+            "LOAD_ZERO_SUPER_METHOD",
+            "POP_BLOCK",
+            "SETUP_CLEANUP",
+            "SETUP_FINALLY",
+            "SETUP_WITH",
+        ]
+        if PY312
+        else [],
+        "pseudo-instruction of the 3.12 compiler, never present in a code object",
+    ),
+}
+
+
+def op_for(opname: str) -> Op | None:
+    """The Op of a real opcode name, or None if it is in UNSUPPORTED."""
+    if opname in UNSUPPORTED:
+        return None
+    if opname in _ALIASES:
+        return _ALIASES[opname]
+    return Op[opname]
+
+
+# BINARY_OP's argument (the same numbering in 3.11 and 3.12) to the operator function.
+BINARY_OPS = [
+    operator.add,
+    operator.and_,
+    operator.floordiv,
+    operator.lshift,
+    operator.matmul,
+    operator.mul,
+    operator.mod,
+    operator.or_,
+    operator.pow,
+    operator.rshift,
+    operator.sub,
+    operator.truediv,
+    operator.xor,
+    operator.iadd,
+    operator.iand,
+    operator.ifloordiv,
+    operator.ilshift,
+    operator.imatmul,
+    operator.imul,
+    operator.imod,
+    operator.ior,
+    operator.ipow,
+    operator.irshift,
+    operator.isub,
+    operator.itruediv,
+    operator.ixor,
+]
+
+COMPARE_OPS = {
+    "<": operator.lt,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
+    ">": operator.gt,
+    ">=": operator.ge,
+}

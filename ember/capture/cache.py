@@ -1,0 +1,47 @@
+"""The per-code-object cache: entries of (guard function, replacement function), tried in
+order. A miss captures anew; past the recompile limit the code runs eagerly from then on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ember.capture.guards import GuardFunction
+from ember.errors import Unsupported
+
+
+@dataclasses.dataclass(slots=True)
+class CacheEntry:
+    guard: GuardFunction
+    fn: Callable[..., Any]
+    """The replacement function (the generated code with the user function's globals)."""
+    code: types.CodeType
+    graph: torch.fx.GraphModule | None
+    compiled_name: str | None
+
+
+@dataclasses.dataclass(slots=True)
+class FrameCache:
+    entries: list[CacheEntry] = dataclasses.field(default_factory=list)
+    eager_reason: Unsupported | str | None = None
+    """Set when this code is no longer captured (unsupported construct, recompile limit)."""
+    misses: list[str] = dataclasses.field(default_factory=list)
+
+
+_caches: dict[types.CodeType, FrameCache] = {}
+
+
+def cache_for(code: types.CodeType) -> FrameCache:
+    cache = _caches.get(code)
+    if cache is None:
+        cache = _caches[code] = FrameCache()
+    return cache
+
+
+def reset() -> None:
+    _caches.clear()

@@ -1,0 +1,103 @@
+"""Capture one call of one function: interpret it, harvest the graph, compile it with the
+backend, build guards and replacement code, and return the cache entry.
+
+This is the capture stage's pipeline, in order:
+  root translator -> run -> harvest -> backend -> install __compiled_fn_N -> replacement code
+  -> guard function.
+"""
+
+from __future__ import annotations
+
+import dis
+import io
+import itertools
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ember import logs
+from ember.backends import backend_name
+from ember.capture.cache import CacheEntry
+from ember.capture.codegen import build_replacement, live_tensors
+from ember.capture.guards import build_guard_function
+from ember.capture.translator import CaptureContext, root_translator
+from ember.errors import BackendCompilerFailed
+
+_counter = itertools.count()
+
+
+def graph_code(gm: torch.fx.GraphModule) -> str:
+    """The graph in seed 000's form: annotated placeholders, `= None` after last use."""
+    for node in gm.graph.nodes:
+        if "example_value" in node.meta and "val" not in node.meta:
+            node.meta["val"] = node.meta["example_value"]
+    return gm.print_readable(print_output=False, include_stride=False, include_device=False)
+
+
+def _disassemble(code: types.CodeType) -> str:
+    out = io.StringIO()
+    dis.dis(code, file=out)
+    return out.getvalue()
+
+
+def capture_call(
+    fn: types.FunctionType,
+    args: tuple,
+    kwargs: dict,
+    backend: Callable[..., Any],
+) -> CacheEntry:
+    """Capture `fn(*args, **kwargs)`; raises Unsupported if the whole frame cannot be captured."""
+    ctx = CaptureContext.new(fn)
+    grad_mode = torch.is_grad_enabled()
+    try:
+        tracer = root_translator(ctx, fn, args, kwargs)
+        result = tracer.run()
+        outputs = live_tensors([result, *ctx.effects.pending_values()])
+        harvest = ctx.out.harvest(outputs)
+    finally:
+        torch._C._set_grad_enabled(grad_mode)
+    compiled_name = None
+    graph = None
+    if not harvest.is_empty():
+        graph = harvest.gm
+        compiled_name = f"__compiled_fn_{next(_counter)}"
+        if logs.enabled("graph_code"):
+            logs.log("graph_code", "TRACED GRAPH %s\n%s", compiled_name, graph_code(graph))
+        compiled = _call_backend(backend, graph, harvest.example_inputs)
+        fn.__globals__[compiled_name] = compiled
+    code = build_replacement(fn.__code__, compiled_name, harvest, ctx.effects, result)
+    guard = build_guard_function(ctx.guards, fn)
+    if logs.enabled("guards"):
+        logs.log("guards", "GUARDS for %s\n%s", fn.__qualname__, guard.source_text)
+    if logs.enabled("bytecode"):
+        logs.log(
+            "bytecode",
+            "ORIGINAL %s\n%s\nREPLACEMENT\n%s",
+            fn.__qualname__,
+            _disassemble(fn.__code__),
+            _disassemble(code),
+        )
+    replacement = types.FunctionType(
+        code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
+    )
+    replacement.__kwdefaults__ = fn.__kwdefaults__
+    return CacheEntry(guard, replacement, code, graph, compiled_name)
+
+
+def _call_backend(
+    backend: Callable[..., Any], gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]
+) -> Callable[..., Any]:
+    try:
+        compiled = backend(gm, example_inputs)
+    except Exception as exc:
+        raise BackendCompilerFailed(backend_name(backend), "compile", graph_code(gm), exc) from exc
+    if not callable(compiled):
+        raise BackendCompilerFailed(
+            backend_name(backend),
+            "compile",
+            graph_code(gm),
+            TypeError(f"backend returned {type(compiled).__name__}, not a callable"),
+        )
+    return compiled

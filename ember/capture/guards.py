@@ -1,0 +1,216 @@
+"""Guards: the assumptions a capture relied on, compiled into one Python check function.
+
+The guard function takes the same parameters as the user's function (same defaults), so the
+cache can call `guard(*args, **kwargs)` without binding arguments itself. Its source is kept on
+the cache entry (`EMBER_LOGS=guards` prints it); on a miss, `first_failure` names the check that
+failed (for `EMBER_LOGS=recompiles` and the recompile-limit warning).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import inspect
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ember.capture.sources import GuardScope, Source
+
+
+class GuardKind(enum.Enum):
+    TENSOR_MATCH = "tensor type, dtype, device, shape, stride and requires_grad"
+    EQUALS_MATCH = "type and value of a baked constant"
+    ID_MATCH = "identity of a function, module or class the trace relied on"
+    TYPE_MATCH = "exact type of an object whose attributes the trace read"
+    LENGTH_MATCH = "length of a container the trace iterated or indexed"
+    DICT_KEYS = "keys (in order) of a dict the trace read"
+    NONE_MATCH = "value is None"
+    SAME_OBJECT = "two sources hold the same tensor"
+    GRAD_MODE = "torch.is_grad_enabled()"
+    NO_HOOKS = "module has no forward hooks"
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+class Guard:
+    kind: GuardKind
+    source: Source | None
+    expected: Any = None
+
+    def key(self) -> tuple:
+        return (self.kind, self.source, _hashable(self.expected))
+
+    def conditions(self, scope: GuardScope) -> list[str]:
+        """Python boolean expressions, all of which must hold."""
+        return _CONDITIONS[self.kind](self, scope)
+
+
+def _hashable(value: Any) -> Any:
+    try:
+        hash(value)
+        return value
+    except TypeError:
+        return id(value)
+
+
+def _tensor_conditions(g: Guard, scope: GuardScope) -> list[str]:
+    t: torch.Tensor = g.expected
+    e = g.source.expr(scope)
+    return [
+        f"type({e}) is {scope.const(type(t), 'T')}",
+        f"{e}.dtype is {scope.const(t.dtype, 'dtype')}",
+        f"{e}.device == {scope.const(t.device, 'dev')}",
+        f"{e}.shape == {tuple(t.shape)!r}",
+        f"{e}.stride() == {tuple(t.stride())!r}",
+        f"{e}.requires_grad is {t.requires_grad}",
+    ]
+
+
+def _equals_conditions(g: Guard, scope: GuardScope) -> list[str]:
+    e = g.source.expr(scope)
+    value = g.expected
+    if isinstance(value, (torch.dtype, torch.device)) or type(value) in (bool, type(None)):
+        return [f"{e} is {scope.const(value)}"] if value is not None else [f"{e} is None"]
+    return [f"type({e}) is {scope.const(type(value), 'T')}", f"{e} == {value!r}"]
+
+
+def _dict_keys(g: Guard, scope: GuardScope) -> list[str]:
+    e = g.source.expr(scope)
+    return [f"type({e}) is {scope.const(g.expected[0], 'T')}", f"list({e}) == {g.expected[1]!r}"]
+
+
+def _no_hooks(g: Guard, scope: GuardScope) -> list[str]:
+    e = g.source.expr(scope)
+    return [
+        f"not ({e}._forward_hooks or {e}._forward_pre_hooks)",
+        "not (___hooks._global_forward_hooks or ___hooks._global_forward_pre_hooks)",
+    ]
+
+
+_CONDITIONS: dict[GuardKind, Callable[[Guard, GuardScope], list[str]]] = {
+    GuardKind.TENSOR_MATCH: _tensor_conditions,
+    GuardKind.EQUALS_MATCH: _equals_conditions,
+    GuardKind.ID_MATCH: lambda g, s: [f"{g.source.expr(s)} is {s.const(g.expected)}"],
+    GuardKind.TYPE_MATCH: lambda g, s: [f"type({g.source.expr(s)}) is {s.const(g.expected, 'T')}"],
+    GuardKind.LENGTH_MATCH: lambda g, s: [
+        f"type({g.source.expr(s)}) is {s.const(g.expected[0], 'T')}",
+        f"len({g.source.expr(s)}) == {g.expected[1]}",
+    ],
+    GuardKind.DICT_KEYS: _dict_keys,
+    GuardKind.NONE_MATCH: lambda g, s: [f"{g.source.expr(s)} is None"],
+    GuardKind.SAME_OBJECT: lambda g, s: [f"{g.source.expr(s)} is {g.expected.expr(s)}"],
+    GuardKind.GRAD_MODE: lambda g, s: [f"___torch.is_grad_enabled() is {g.expected}"],
+    GuardKind.NO_HOOKS: _no_hooks,
+}
+
+
+class GuardSet:
+    """Guards collected during one capture, deduplicated, in the order they were added."""
+
+    def __init__(self) -> None:
+        self._guards: dict[tuple, Guard] = {}
+
+    def add(self, kind: GuardKind, source: Source | None, expected: Any = None) -> None:
+        guard = Guard(kind, source, expected)
+        self._guards.setdefault(guard.key(), guard)
+
+    def discard_source(self, source: Source) -> None:
+        """Forget the guards on an input that turned out unused."""
+        for key in [k for k, g in self._guards.items() if g.source == source]:
+            del self._guards[key]
+
+    def __iter__(self):
+        return iter(self._guards.values())
+
+    def __len__(self) -> int:
+        return len(self._guards)
+
+
+@dataclasses.dataclass(slots=True)
+class GuardFunction:
+    check: Callable[..., bool]
+    source_text: str
+    conditions: list[str]
+    scope: dict[str, Any]
+    signature: str
+
+    def first_failure(self, *args: Any, **kwargs: Any) -> str:
+        """The text of the first condition that does not hold for these arguments."""
+        explain = _compile(
+            self.signature,
+            [f"if not ({c}): return {c!r}" for c in self.conditions],
+            self.scope,
+            self.check,
+            body_is_statements=True,
+        )
+        try:
+            return explain(*args, **kwargs) or "(all guards hold)"
+        except Exception as exc:  # a condition raised: report that one
+            return f"guard evaluation raised {type(exc).__name__}: {exc}"
+
+
+def parameter_list(code: types.CodeType) -> str:
+    """`a, b, /, c, *args, d, **kwargs` for a code object's signature (no defaults)."""
+    names = code.co_varnames
+    pos = code.co_argcount
+    posonly = code.co_posonlyargcount
+    kwonly = code.co_kwonlyargcount
+    parts = list(names[:pos])
+    if posonly:
+        parts.insert(posonly, "/")
+    i = pos + kwonly
+    if code.co_flags & inspect.CO_VARARGS:
+        parts.append("*" + names[i])
+        i += 1
+    elif kwonly:
+        parts.append("*")
+    parts.extend(names[pos : pos + kwonly])
+    if code.co_flags & inspect.CO_VARKEYWORDS:
+        parts.append("**" + names[i])
+    return ", ".join(parts)
+
+
+def _compile(
+    signature: str,
+    body: list[str],
+    scope: dict[str, Any],
+    like: Callable[..., Any],
+    body_is_statements: bool = False,
+) -> Callable[..., Any]:
+    if body_is_statements:
+        lines = ["    try:"] + [f"        {line}" for line in body] + ["    except Exception:"]
+        lines += ["        raise", "    return None"]
+    else:
+        cond = " and ".join(f"({c})" for c in body) or "True"
+        lines = [
+            "    try:",
+            f"        return {cond}",
+            "    except Exception:",
+            "        return False",
+        ]
+    text = f"def ___guard({signature}):\n" + "\n".join(lines) + "\n"
+    namespace: dict[str, Any] = dict(scope)
+    exec(compile(text, "<ember guard>", "exec"), namespace)
+    fn = namespace["___guard"]
+    fn.__defaults__ = like.__defaults__
+    fn.__kwdefaults__ = like.__kwdefaults__
+    fn.__ember_source__ = text
+    return fn
+
+
+def build_guard_function(guards: GuardSet, fn: types.FunctionType) -> GuardFunction:
+    """Compile all guards into one function with `fn`'s signature."""
+    scope = GuardScope()
+    conditions: list[str] = []
+    for guard in guards:
+        for cond in guard.conditions(scope):
+            if cond not in conditions:
+                conditions.append(cond)
+    names = dict(scope.names)
+    names.update(___G=fn.__globals__, ___closure=fn.__closure__, ___torch=torch)
+    names["___hooks"] = torch.nn.modules.module
+    signature = parameter_list(fn.__code__)
+    check = _compile(signature, conditions, names, fn)
+    return GuardFunction(check, check.__ember_source__, conditions, names, signature)

@@ -1,0 +1,110 @@
+"""Calls, keyword names, function creation, imports and CPython intrinsics."""
+
+from __future__ import annotations
+
+import operator
+
+from ember.bytecode import Op
+from ember.capture.handlers import handler
+from ember.capture.operators import apply
+from ember.capture.values.base import NullValue, Value
+from ember.capture.values.builtins import BUILTINS
+from ember.capture.values.containers import DictValue, TupleValue
+from ember.capture.values.functions import NestedFunctionValue
+from ember.capture.values.objects import SuperValue
+from ember.errors import BreakReason, Unsupported
+
+
+def call_value(tx, fn: Value, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    """Call a symbolic callable; zero-argument super() needs the frame, so it is done here."""
+    if fn.is_constant() and fn.as_constant() is super and not args:
+        return _zero_arg_super(tx)
+    return fn.call(tx, args, kwargs)
+
+
+def _zero_arg_super(tx) -> Value:
+    if "__class__" not in tx.cells or tx.code.co_argcount == 0:
+        raise Unsupported(BreakReason.UNSUPPORTED_CALL, "super() outside a method")
+    cls = tx.load_cell("__class__").as_constant()
+    first = tx.code.co_varnames[0]
+    return SuperValue(cls, tx.load_local(first))
+
+
+BUILTINS[super] = lambda tx, args, kwargs: SuperValue(args[0].as_constant(), args[1])
+
+
+@handler(Op.KW_NAMES)
+def kw_names(tx, inst):
+    tx.kw_names = inst.argval
+
+
+@handler(Op.CALL)
+def call(tx, inst):
+    args = tx.popn(inst.arg)
+    fn = tx.pop()
+    slot = tx.pop()
+    if not isinstance(slot, NullValue):  # method layout: [method, self, args...]
+        fn, args = slot, [fn, *args]
+    names = tx.kw_names
+    tx.kw_names = ()
+    kwargs = {}
+    if names:
+        kwargs = dict(zip(names, args[-len(names) :]))
+        args = args[: -len(names)]
+    tx.push(call_value(tx, fn, args, kwargs))
+
+
+@handler(Op.CALL_FUNCTION_EX)
+def call_function_ex(tx, inst):
+    kwargs_value = tx.pop() if inst.arg & 1 else DictValue({})
+    args_value = tx.pop()
+    fn = tx.pop()
+    slot = tx.pop()
+    if not isinstance(slot, NullValue):
+        tx.push(slot)
+    if not isinstance(kwargs_value, DictValue):
+        raise Unsupported(BreakReason.UNSUPPORTED_OBJECT, f"** of {kwargs_value.describe()}")
+    kwargs = {str(k): v for k, v in kwargs_value.items.items()}
+    tx.push(call_value(tx, fn, args_value.iterate(tx), kwargs))
+
+
+@handler(Op.MAKE_FUNCTION)
+def make_function(tx, inst):
+    code = tx.pop().as_constant()
+    flags = inst.arg
+    closure = tuple(h.cell for h in tx.pop().items) if flags & 0x08 else ()
+    if flags & 0x04:
+        tx.pop()  # annotations
+    kwdefaults = dict(tx.pop().items) if flags & 0x02 else {}
+    defaults = tuple(tx.pop().items) if flags & 0x01 else ()
+    for cell in closure:
+        if not hasattr(cell, "load") and not hasattr(cell, "cell"):
+            raise Unsupported(BreakReason.UNSUPPORTED_OBJECT, "closure of unknown cells")
+    tx.push(
+        NestedFunctionValue(code, tx.f_globals, defaults, kwdefaults, closure, code.co_qualname)
+    )
+
+
+@handler(Op.CALL_INTRINSIC_1)
+def call_intrinsic_1(tx, inst):
+    if inst.arg == 5:  # INTRINSIC_UNARY_POSITIVE
+        tx.push(apply(tx, operator.pos, [tx.pop()]))
+    elif inst.arg == 6:  # INTRINSIC_LIST_TO_TUPLE
+        tx.push(TupleValue(tx.pop().items))
+    else:
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_OPCODE, f"CALL_INTRINSIC_1 with argument {inst.arg}"
+        )
+
+
+@handler(Op.IMPORT_NAME)
+def import_name(tx, inst):
+    fromlist = tx.pop().as_constant()
+    level = tx.pop().as_constant()
+    module = __import__(inst.argval, tx.f_globals, None, fromlist, level)
+    tx.push(tx.ctx.builder.wrap_const(module))
+
+
+@handler(Op.IMPORT_FROM)
+def import_from(tx, inst):
+    tx.push(tx.peek().getattr(tx, inst.argval))

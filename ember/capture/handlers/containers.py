@@ -1,0 +1,190 @@
+"""Building, unpacking, indexing and formatting containers and strings."""
+
+from __future__ import annotations
+
+from ember.bytecode import Op
+from ember.capture.handlers import handler
+from ember.capture.values.base import ConstantValue
+from ember.capture.values.containers import (
+    DictValue,
+    ListValue,
+    SetValue,
+    SliceValue,
+    TupleValue,
+)
+from ember.errors import BreakReason, Unsupported
+
+
+@handler(Op.BUILD_TUPLE)
+def build_tuple(tx, inst):
+    tx.push(TupleValue(tx.popn(inst.arg)))
+
+
+@handler(Op.BUILD_LIST)
+def build_list(tx, inst):
+    tx.push(ListValue(tx.popn(inst.arg)))
+
+
+@handler(Op.BUILD_SET)
+def build_set(tx, inst):
+    items = tx.popn(inst.arg)
+    tx.push(SetValue({v.as_constant() for v in items}))
+
+
+@handler(Op.BUILD_MAP)
+def build_map(tx, inst):
+    flat = tx.popn(2 * inst.arg)
+    result = DictValue({})
+    for key, value in zip(flat[::2], flat[1::2]):
+        result.items[result._key(key)] = value
+    tx.push(result)
+
+
+@handler(Op.BUILD_CONST_KEY_MAP)
+def build_const_key_map(tx, inst):
+    keys = tx.pop().as_constant()
+    values = tx.popn(inst.arg)
+    tx.push(DictValue(dict(zip(keys, values))))
+
+
+@handler(Op.BUILD_SLICE)
+def build_slice(tx, inst):
+    tx.push(SliceValue(tx.popn(inst.arg)))
+
+
+@handler(Op.BUILD_STRING)
+def build_string(tx, inst):
+    parts = tx.popn(inst.arg)
+    tx.push(ConstantValue("".join(p.as_constant() for p in parts)))
+
+
+@handler(Op.LIST_APPEND)
+def list_append(tx, inst):
+    value = tx.pop()
+    tx.peek(inst.arg).items.append(value)
+
+
+@handler(Op.LIST_EXTEND)
+def list_extend(tx, inst):
+    value = tx.pop()
+    tx.peek(inst.arg).items.extend(value.iterate(tx))
+
+
+@handler(Op.LIST_TO_TUPLE)
+def list_to_tuple(tx, inst):
+    tx.push(TupleValue(tx.pop().items))
+
+
+@handler(Op.SET_ADD)
+def set_add(tx, inst):
+    value = tx.pop()
+    tx.peek(inst.arg).items.add(value.as_constant())
+
+
+@handler(Op.SET_UPDATE)
+def set_update(tx, inst):
+    value = tx.pop()
+    tx.peek(inst.arg).items.update(v.as_constant() for v in value.iterate(tx))
+
+
+@handler(Op.MAP_ADD)
+def map_add(tx, inst):
+    value = tx.pop()
+    key = tx.pop()
+    target = tx.peek(inst.arg)
+    target.items[target._key(key)] = value
+
+
+@handler(Op.DICT_UPDATE, Op.DICT_MERGE)
+def dict_update(tx, inst):
+    value = tx.pop()
+    target = tx.peek(inst.arg)
+    if not isinstance(value, DictValue):
+        raise Unsupported(BreakReason.UNSUPPORTED_OBJECT, f"** of {value.describe()}")
+    if inst.op is Op.DICT_MERGE and set(value.items) & set(target.items):
+        raise Unsupported(BreakReason.EXCEPTION_RAISED, "got multiple values for a keyword")
+    target.items.update(value.items)
+
+
+@handler(Op.UNPACK_SEQUENCE)
+def unpack_sequence(tx, inst):
+    items = tx.pop().iterate(tx)
+    if len(items) != inst.arg:
+        raise Unsupported(
+            BreakReason.EXCEPTION_RAISED,
+            f"cannot unpack {len(items)} values into {inst.arg}",
+        )
+    for item in reversed(items):
+        tx.push(item)
+
+
+@handler(Op.UNPACK_EX)
+def unpack_ex(tx, inst):
+    items = tx.pop().iterate(tx)
+    before, after = inst.arg & 0xFF, inst.arg >> 8
+    if len(items) < before + after:
+        raise Unsupported(BreakReason.EXCEPTION_RAISED, "not enough values to unpack")
+    middle = ListValue(items[before : len(items) - after])
+    parts = items[:before] + [middle] + items[len(items) - after :]
+    for item in reversed(parts):
+        tx.push(item)
+
+
+@handler(Op.BINARY_SUBSCR)
+def binary_subscr(tx, inst):
+    key = tx.pop()
+    container = tx.pop()
+    tx.push(container.getitem(tx, key))
+
+
+@handler(Op.STORE_SUBSCR)
+def store_subscr(tx, inst):
+    key = tx.pop()
+    container = tx.pop()
+    value = tx.pop()
+    container.setitem(tx, key, value)
+
+
+@handler(Op.DELETE_SUBSCR)
+def delete_subscr(tx, inst):
+    key = tx.pop()
+    tx.pop().delitem(tx, key)
+
+
+@handler(Op.BINARY_SLICE)
+def binary_slice(tx, inst):
+    end = tx.pop()
+    start = tx.pop()
+    container = tx.pop()
+    tx.push(container.getitem(tx, SliceValue([start, end])))
+
+
+@handler(Op.STORE_SLICE)
+def store_slice(tx, inst):
+    end = tx.pop()
+    start = tx.pop()
+    container = tx.pop()
+    value = tx.pop()
+    container.setitem(tx, SliceValue([start, end]), value)
+
+
+_CONVERSIONS = {0: lambda v: v, 1: str, 2: repr, 3: ascii}
+
+
+@handler(Op.FORMAT_VALUE)
+def format_value(tx, inst):
+    spec = tx.pop().as_constant() if inst.arg & 0x04 else ""
+    value = tx.pop()
+    if not value.is_constant():
+        raise Unsupported(
+            BreakReason.TENSOR_TO_PYTHON
+            if value.python_type().__module__.startswith("torch")
+            else BreakReason.UNSUPPORTED_OBJECT,
+            f"formatting {value.describe()} into a string",
+        )
+    tx.push(ConstantValue(format(_CONVERSIONS[inst.arg & 0x03](value.as_constant()), spec)))
+
+
+@handler(Op.GET_LEN)
+def get_len(tx, inst):
+    tx.push(ConstantValue(tx.peek().length(tx)))

@@ -1,0 +1,123 @@
+"""Jumps on values known while tracing, loops (unrolled), with-blocks, return and raise."""
+
+from __future__ import annotations
+
+from ember.bytecode import Op
+from ember.capture.handlers import handler
+from ember.capture.values.base import ConstantValue, Value
+from ember.capture.values.containers import IteratorValue
+from ember.capture.values.objects import GradModeValue
+from ember.errors import BreakReason, Unsupported
+
+
+@handler(Op.JUMP)
+def jump(tx, inst):
+    tx.ip = inst.target
+
+
+def _jump_if(expect: bool):
+    def run(tx, inst):
+        if tx.pop().truth(tx) is expect:
+            tx.ip = inst.target
+
+    return run
+
+
+handler(Op.POP_JUMP_IF_TRUE)(_jump_if(True))
+handler(Op.POP_JUMP_IF_FALSE)(_jump_if(False))
+
+
+def _is_none(value: Value) -> bool:
+    return value.is_constant() and value.as_constant() is None
+
+
+@handler(Op.POP_JUMP_IF_NONE)
+def pop_jump_if_none(tx, inst):
+    if _is_none(tx.pop()):
+        tx.ip = inst.target
+
+
+@handler(Op.POP_JUMP_IF_NOT_NONE)
+def pop_jump_if_not_none(tx, inst):
+    if not _is_none(tx.pop()):
+        tx.ip = inst.target
+
+
+def _jump_or_pop(expect: bool):
+    def run(tx, inst):
+        if tx.peek().truth(tx) is expect:
+            tx.ip = inst.target
+        else:
+            tx.pop()
+
+    return run
+
+
+handler(Op.JUMP_IF_TRUE_OR_POP)(_jump_or_pop(True))
+handler(Op.JUMP_IF_FALSE_OR_POP)(_jump_or_pop(False))
+
+
+@handler(Op.GET_ITER)
+def get_iter(tx, inst):
+    value = tx.pop()
+    tx.push(value if isinstance(value, IteratorValue) else IteratorValue(value.iterate(tx)))
+
+
+@handler(Op.FOR_ITER)
+def for_iter(tx, inst):
+    iterator = tx.peek()
+    if not isinstance(iterator, IteratorValue):
+        raise Unsupported(BreakReason.DYNAMIC_CONTROL_FLOW, f"for over {iterator.describe()}")
+    item = iterator.next()
+    if item is None:
+        tx.pop()
+        tx.ip = inst.target
+    else:
+        tx.push(item)
+
+
+@handler(Op.END_FOR)
+def end_for(tx, inst):
+    tx.popn(2)
+
+
+@handler(Op.RETURN_VALUE)
+def return_value(tx, inst):
+    tx.returned = tx.pop()
+
+
+@handler(Op.RETURN_CONST)
+def return_const(tx, inst):
+    tx.returned = tx.ctx.builder.wrap_const(inst.argval)
+
+
+class ExitValue(Value):
+    """The bound __exit__ that BEFORE_WITH leaves on the stack."""
+
+    def __init__(self, manager: GradModeValue) -> None:
+        self.manager = manager
+
+    def call(self, tx, args, kwargs) -> Value:
+        return self.manager.exit(tx)
+
+
+@handler(Op.BEFORE_WITH)
+def before_with(tx, inst):
+    manager = tx.pop()
+    if not isinstance(manager, GradModeValue):
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_CALL,
+            f"`with` on {manager.describe()} (only grad-mode context managers are captured)",
+        )
+    tx.push(ExitValue(manager))
+    tx.push(manager.enter(tx))
+
+
+@handler(Op.LOAD_ASSERTION_ERROR)
+def load_assertion_error(tx, inst):
+    tx.push(ConstantValue(AssertionError))
+
+
+@handler(Op.RAISE_VARARGS)
+def raise_varargs(tx, inst):
+    raise Unsupported(BreakReason.EXCEPTION_RAISED, "the traced code raises an exception")

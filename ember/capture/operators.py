@@ -1,0 +1,173 @@
+"""Python operators (`+`, `<`, `in`, `is`, `-x`, ...) on symbolic values.
+
+Any operand that is a tensor makes the operator a graph node (fx accepts `operator.add` as a
+target, which gives seed 000's `add = matmul + g_bias_`). Constants fold. Containers combine
+as Python would. User objects with dunder methods have them inlined.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import TYPE_CHECKING, Any
+
+from ember.capture.values.base import ConstantValue, Value, all_constant
+from ember.capture.values.containers import (
+    DictValue,
+    ListValue,
+    SequenceValue,
+    SetValue,
+    TupleValue,
+)
+from ember.capture.values.tensor import TensorValue, tensor_op
+from ember.errors import BreakReason, Unsupported
+
+if TYPE_CHECKING:
+    from ember.capture.translator import Translator
+
+_INPLACE_TO_PLAIN = {
+    operator.iadd: operator.add,
+    operator.isub: operator.sub,
+    operator.imul: operator.mul,
+    operator.itruediv: operator.truediv,
+    operator.ifloordiv: operator.floordiv,
+    operator.imod: operator.mod,
+    operator.ipow: operator.pow,
+    operator.imatmul: operator.matmul,
+    operator.iand: operator.and_,
+    operator.ior: operator.or_,
+    operator.ixor: operator.xor,
+    operator.ilshift: operator.lshift,
+    operator.irshift: operator.rshift,
+}
+
+_DUNDERS = {
+    operator.add: ("__add__", "__radd__"),
+    operator.sub: ("__sub__", "__rsub__"),
+    operator.mul: ("__mul__", "__rmul__"),
+    operator.truediv: ("__truediv__", "__rtruediv__"),
+    operator.matmul: ("__matmul__", "__rmatmul__"),
+    operator.eq: ("__eq__", "__eq__"),
+    operator.ne: ("__ne__", "__ne__"),
+    operator.lt: ("__lt__", "__gt__"),
+    operator.gt: ("__gt__", "__lt__"),
+    operator.le: ("__le__", "__ge__"),
+    operator.ge: ("__ge__", "__le__"),
+    operator.neg: ("__neg__", None),
+    operator.getitem: ("__getitem__", None),
+}
+
+
+def apply(tx: Translator, fn: Any, args: list[Value]) -> Value:
+    """`fn(*args)` for an operator function on symbolic values."""
+    if fn in (operator.is_, operator.is_not):
+        return _identity(fn, *args)
+    if fn is operator.not_:
+        return ConstantValue(not args[0].truth(tx))
+    if fn is operator.truth:
+        return ConstantValue(args[0].truth(tx))
+    if fn is operator.contains:
+        return _contains(tx, args[0], args[1])
+    if fn is operator.getitem:
+        return args[0].getitem(tx, args[1])
+    if any(isinstance(a, TensorValue) for a in args):
+        return tensor_op(tx, "call_function", fn, args, {})
+    if all_constant(args) and not any(isinstance(a, SequenceValue | DictValue) for a in args):
+        try:
+            return ConstantValue(fn(*(a.as_constant() for a in args)))
+        except Exception as exc:
+            raise Unsupported(
+                BreakReason.EXCEPTION_RAISED,
+                f"{fn.__name__} on constants raised {type(exc).__name__}: {exc}",
+            ) from exc
+    result = _containers(tx, fn, args)
+    if result is not None:
+        return result
+    return _dunder(tx, fn, args)
+
+
+def _identity(fn: Any, a: Value, b: Value) -> Value:
+    if a.is_constant() and b.is_constant() and not isinstance(a, SequenceValue | DictValue):
+        same = a.as_constant() is b.as_constant()
+    else:
+        same = a is b
+    return ConstantValue(same if fn is operator.is_ else not same)
+
+
+def _contains(tx: Translator, container: Value, item: Value) -> Value:
+    if isinstance(container, DictValue):
+        return ConstantValue(container._key(item) in container.items)
+    if isinstance(container, TensorValue) or isinstance(item, TensorValue):
+        if isinstance(container, TensorValue):
+            raise Unsupported(BreakReason.DATA_DEPENDENT_BRANCH, "`in` on a tensor")
+        return ConstantValue(any(v is item for v in container.iterate(tx)))
+    if container.is_constant() and item.is_constant():
+        return ConstantValue(item.as_constant() in container.as_constant())
+    for v in container.iterate(tx):
+        if v is item or apply(tx, operator.eq, [v, item]).truth(tx):
+            return ConstantValue(True)
+    return ConstantValue(False)
+
+
+def _containers(tx: Translator, fn: Any, args: list[Value]) -> Value | None:
+    plain = _INPLACE_TO_PLAIN.get(fn, fn)
+    if len(args) != 2:
+        return None
+    a, b = args
+    if isinstance(a, SequenceValue) and isinstance(b, SequenceValue) and plain is operator.add:
+        if fn is operator.iadd and isinstance(a, ListValue):
+            a.call_method(tx, "extend", [b], {})
+            return a
+        if a.python_type() is b.python_type() or fn is operator.iadd:
+            return (
+                type(a)(a.items + b.items)
+                if isinstance(a, ListValue)
+                else TupleValue(a.items + b.items)
+            )
+    if isinstance(a, SequenceValue) and b.is_constant() and plain is operator.mul:
+        items = a.items * b.as_constant()
+        return ListValue(items) if isinstance(a, ListValue) else TupleValue(items)
+    if (
+        isinstance(a, SequenceValue)
+        and isinstance(b, SequenceValue)
+        and fn in (operator.eq, operator.ne)
+    ):
+        equal = len(a.items) == len(b.items) and all(
+            x is y or apply(tx, operator.eq, [x, y]).truth(tx) for x, y in zip(a.items, b.items)
+        )
+        return ConstantValue(equal if fn is operator.eq else not equal)
+    if a.is_constant() and b.is_constant():
+        try:
+            result = fn(a.as_constant(), b.as_constant())
+        except Exception as exc:
+            raise Unsupported(BreakReason.EXCEPTION_RAISED, f"{fn.__name__}: {exc}") from exc
+        if isinstance(result, list):
+            return ListValue([ConstantValue(v) for v in result])
+        if isinstance(result, tuple):
+            return TupleValue([ConstantValue(v) for v in result])
+        if isinstance(result, set):
+            return SetValue(result)
+        return ConstantValue(result)
+    if fn in (operator.eq, operator.ne) and type(a) is not type(b):
+        if a.python_type() is not b.python_type() and not _numeric(a, b):
+            return ConstantValue(fn is operator.ne)
+    return None
+
+
+def _numeric(a: Value, b: Value) -> bool:
+    return all(v.python_type() in (int, float, bool, complex) for v in (a, b))
+
+
+def _dunder(tx: Translator, fn: Any, args: list[Value]) -> Value:
+    from ember.capture.values.objects import UserObjectValue
+
+    plain = _INPLACE_TO_PLAIN.get(fn, fn)
+    names = _DUNDERS.get(plain)
+    if names and isinstance(args[0], UserObjectValue):
+        return args[0].getattr(tx, names[0]).call(tx, args[1:], {})
+    if names and names[1] and len(args) == 2 and isinstance(args[1], UserObjectValue):
+        return args[1].getattr(tx, names[1]).call(tx, [args[0]], {})
+    if plain in (operator.eq, operator.ne) and len(args) == 2:
+        same = args[0] is args[1]
+        return ConstantValue(same if plain is operator.eq else not same)
+    kinds = ", ".join(a.describe() for a in args)
+    raise Unsupported(BreakReason.UNSUPPORTED_OPERATOR, f"{fn.__name__} on {kinds}")

@@ -1,0 +1,113 @@
+"""The mutation ledger (seed 002's SideEffects): Python mutations are recorded during capture,
+never performed, and replayed after the graph runs, final state only.
+
+Covers attribute writes on objects that came from outside (modules, user objects), mutation of
+lists and dicts from outside, global rebinding and closure-cell writes. Objects created during
+capture need no entry: their state is their Value, rebuilt if they escape.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ember import logs
+from ember.capture.values.base import Value
+
+if TYPE_CHECKING:
+    from ember.capture.codegen import Emitter
+
+
+class SideEffects:
+    def __init__(self) -> None:
+        self._attrs: dict[int, tuple[Value, dict[str, Value]]] = {}
+        self._containers: dict[int, Value] = {}
+        self._globals: dict[tuple[int, str], tuple[dict, str, Value]] = {}
+        self._cells: dict[int, tuple[Any, Value]] = {}
+
+    # recording (and reading back: the ledger is the truth during capture)
+    def store_attr(self, obj: Value, name: str, value: Value) -> None:
+        self._attrs.setdefault(id(obj), (obj, {}))[1][name] = value
+
+    def load_attr(self, obj: Value, name: str) -> Value | None:
+        entry = self._attrs.get(id(obj))
+        return entry[1].get(name) if entry else None
+
+    def mutated(self, container: Value) -> None:
+        if container.source is not None:
+            self._containers[id(container)] = container
+
+    def store_global(self, f_globals: dict, name: str, value: Value) -> None:
+        self._globals[(id(f_globals), name)] = (f_globals, name, value)
+
+    def load_global(self, f_globals: dict, name: str) -> Value | None:
+        entry = self._globals.get((id(f_globals), name))
+        return entry[2] if entry else None
+
+    def store_cell(self, cell: Any, value: Value) -> None:
+        self._cells[id(cell)] = (cell, value)
+
+    def load_cell(self, cell: Any) -> Value | None:
+        entry = self._cells.get(id(cell))
+        return entry[1] if entry else None
+
+    def __bool__(self) -> bool:
+        return bool(self._attrs or self._containers or self._globals or self._cells)
+
+    def pending_values(self) -> list[Value]:
+        """Every value the replay will rebuild (their tensors must be graph outputs)."""
+        values: list[Value] = []
+        for _, attrs in self._attrs.values():
+            values.extend(attrs.values())
+        values.extend(self._containers.values())
+        values.extend(v for _, _, v in self._globals.values())
+        values.extend(v for _, v in self._cells.values())
+        return values
+
+    def replay(self, em: Emitter) -> None:
+        """Emit the stores that bring the outside world to its final state."""
+        cg = em.cg
+        for container in self._containers.values():
+            logs.log("side_effects", "replay contents of %s", container.source.name())
+            self._replay_container(em, container)
+        for obj, attrs in self._attrs.values():
+            for name, value in attrs.items():
+                logs.log("side_effects", "replay %s.%s = ...", obj.source.name(), name)
+                em.reconstruct(value)
+                obj.source.emit(cg)
+                cg.store_attr(name)
+        for f_globals, name, value in self._globals.values():
+            logs.log("side_effects", "replay global %s = ...", name)
+            em.reconstruct(value)
+            cg.load_const(f_globals)
+            cg.load_const(name)
+            cg.store_subscr()
+        for cell, value in self._cells.values():
+            logs.log("side_effects", "replay closure cell write")
+            em.reconstruct(value)
+            cg.load_const(cell)
+            cg.store_attr("cell_contents")
+
+    def _replay_container(self, em: Emitter, container: Value) -> None:
+        from ember.capture.values.containers import DictValue
+
+        cg = em.cg
+        source = container.source
+        if isinstance(container, DictValue):
+            cg.push_null()
+            source.emit(cg)
+            cg.load_attr("clear")
+            cg.call(0)
+            cg.pop_top()
+            cg.push_null()
+            source.emit(cg)
+            cg.load_attr("update")
+            em.rebuild_fresh(container)
+            cg.call(1)
+            cg.pop_top()
+            return
+        em.rebuild_fresh(container)
+        source.emit(cg)
+        cg.load_const(None)
+        cg.load_const(None)
+        cg.build("SLICE", 2)
+        cg.store_subscr()

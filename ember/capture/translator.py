@@ -1,0 +1,292 @@
+"""The symbolic interpreter: steps a function's bytecode instruction by instruction.
+
+`Translator` holds one frame's state (stack, locals, cells, instruction pointer) and
+dispatches each instruction to the handler registered for its `Op` (capture/handlers/). The
+graph, guards, ledger and value builder live in the `CaptureContext` shared by the root frame
+and every inlined call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import linecache
+import types
+from typing import Any
+
+import torch
+
+from ember import config
+from ember.bytecode import Inst, decode
+from ember.capture.guards import GuardKind, GuardSet
+from ember.capture.output_graph import OutputGraph
+from ember.capture.side_effects import SideEffects
+from ember.capture.sources import CellSource, ForeignGlobalSource, GlobalSource, LocalSource
+from ember.capture.values.base import Value
+from ember.capture.values.builder import ValueBuilder
+from ember.capture.values.containers import DictValue, TupleValue
+from ember.capture.values.functions import RealCell
+from ember.errors import BreakReason, Unsupported
+
+MAX_STEPS = 200_000
+
+
+@dataclasses.dataclass
+class CaptureContext:
+    """Everything one capture builds, shared by all frames of the trace."""
+
+    fn: types.FunctionType
+    guards: GuardSet
+    out: OutputGraph
+    effects: SideEffects
+    builder: ValueBuilder = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.builder = ValueBuilder(self)
+
+    @property
+    def fake_mode(self):
+        return self.out.fake_mode
+
+    @classmethod
+    def new(cls, fn: types.FunctionType) -> CaptureContext:
+        guards = GuardSet()
+        return cls(fn, guards, OutputGraph(guards), SideEffects())
+
+
+class Translator:
+    def __init__(
+        self,
+        ctx: CaptureContext,
+        code: types.CodeType,
+        f_globals: dict,
+        f_locals: dict[str, Value],
+        cells: dict[str, Any],
+        parent: Translator | None = None,
+        lazy_args: dict[str, Any] | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.code = code
+        self.f_globals = f_globals
+        self.locals = f_locals
+        self.cells = cells
+        self.parent = parent
+        self.depth = 0 if parent is None else parent.depth + 1
+        self.insts: list[Inst] = decode(code)
+        self.stack: list[Value] = []
+        self.ip = 0
+        self.kw_names: tuple[str, ...] = ()
+        self.returned: Value | None = None
+        self.current: Inst | None = None
+        self._lazy_args = lazy_args or {}
+        self._steps = 0
+
+    # stack
+    def push(self, value: Value) -> None:
+        self.stack.append(value)
+
+    def pop(self) -> Value:
+        return self.stack.pop()
+
+    def popn(self, n: int) -> list[Value]:
+        if n == 0:
+            return []
+        values = self.stack[-n:]
+        del self.stack[-n:]
+        return values
+
+    def peek(self, depth: int = 1) -> Value:
+        return self.stack[-depth]
+
+    # frame state
+    def load_local(self, name: str) -> Value:
+        if name in self.cells:
+            return self.load_cell(name)
+        if name not in self.locals and name in self._lazy_args:
+            real = self._lazy_args.pop(name)
+            self.locals[name] = self.ctx.builder.wrap(real, LocalSource(name))
+        if name not in self.locals:
+            raise Unsupported(
+                BreakReason.EXCEPTION_RAISED, f"local variable {name!r} read before assignment"
+            )
+        return self.locals[name]
+
+    def load_cell(self, name: str) -> Value:
+        cell = self.cells[name]
+        if isinstance(cell, RealCell):
+            pending = self.ctx.effects.load_cell(cell.cell)
+            if pending is not None:
+                return pending
+            try:
+                contents = cell.cell.cell_contents
+            except ValueError as exc:
+                raise Unsupported(
+                    BreakReason.EXCEPTION_RAISED, f"free variable {name!r} is empty"
+                ) from exc
+            return self.ctx.builder.wrap(contents, cell.source)
+        return cell.load(self)
+
+    def store_cell(self, name: str, value: Value) -> None:
+        cell = self.cells[name]
+        if isinstance(cell, RealCell):
+            self.ctx.effects.store_cell(cell.cell, value)
+        else:
+            cell.store(self, value)
+
+    def load_global(self, name: str) -> Value:
+        pending = self.ctx.effects.load_global(self.f_globals, name)
+        if pending is not None:
+            return pending
+        if name in self.f_globals:
+            if self.f_globals is self.ctx.fn.__globals__:
+                source = GlobalSource(name)
+            else:
+                source = ForeignGlobalSource(self.f_globals, name)
+            return self.ctx.builder.wrap(self.f_globals[name], source)
+        builtins = self.f_globals.get("__builtins__", __builtins__)
+        table = builtins if isinstance(builtins, dict) else builtins.__dict__
+        if name in table:
+            return self.ctx.builder.wrap_const(table[name])
+        raise Unsupported(BreakReason.EXCEPTION_RAISED, f"name {name!r} is not defined")
+
+    def grad_enabled(self) -> bool:
+        return torch.is_grad_enabled()
+
+    def set_grad_enabled(self, mode: bool) -> None:
+        """Change grad mode here (so fake results carry the right requires_grad) and in the
+        graph (so the compiled code does the same)."""
+        if mode != torch.is_grad_enabled():
+            torch._C._set_grad_enabled(mode)
+            self.ctx.out.create_node("call_function", torch._C._set_grad_enabled, (mode,), {})
+
+    # locations for error messages
+    def location(self) -> tuple[str, str]:
+        line = self.current.line if self.current is not None else self.code.co_firstlineno
+        text = linecache.getline(self.code.co_filename, line or 0).strip()
+        return f"{self.code.co_filename}:{line}", text
+
+    # the loop
+    def run(self) -> Value:
+        from ember.capture.handlers import HANDLERS
+
+        while self.returned is None:
+            if self.ip >= len(self.insts):
+                raise Unsupported(BreakReason.DYNAMIC_CONTROL_FLOW, "fell off the end of code")
+            inst = self.insts[self.ip]
+            self.current = inst
+            self.ip += 1
+            self._steps += 1
+            if self._steps > MAX_STEPS:
+                raise Unsupported(
+                    BreakReason.DYNAMIC_CONTROL_FLOW,
+                    f"more than {MAX_STEPS} instructions (a loop that does not end?)",
+                )
+            try:
+                if inst.op is None:
+                    raise Unsupported(
+                        BreakReason.UNSUPPORTED_OPCODE,
+                        f"{inst.opname}: {inst.unsupported_reason}",
+                    )
+                HANDLERS[inst.op](self, inst)
+            except Unsupported as exc:
+                where, text = self.location()
+                exc.at(where, text)
+                exc.user_stack.append(f"{where} in {self.code.co_name}: {text}")
+                raise
+        return self.returned
+
+    def inline_call(
+        self,
+        code: types.CodeType,
+        f_globals: dict,
+        args: list[Value],
+        kwargs: dict[str, Value],
+        defaults: tuple[Value, ...],
+        kwdefaults: dict[str, Value],
+        closure: list[Any],
+        description: str,
+    ) -> Value:
+        """Interpret a user function's body in a child frame and return its result."""
+        if code.co_flags & (
+            inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+        ):
+            raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"{description} is a generator")
+        if self.depth >= config.current().inline_depth:
+            raise Unsupported(BreakReason.INLINE_DEPTH, f"inlining {description}")
+        f_locals = bind_arguments(code, args, kwargs, defaults, kwdefaults)
+        cells = dict(zip(code.co_freevars, closure))
+        child = Translator(self.ctx, code, f_globals, f_locals, cells, parent=self)
+        return child.run()
+
+
+def bind_arguments(
+    code: types.CodeType,
+    args: list[Value],
+    kwargs: dict[str, Value],
+    defaults: tuple[Value, ...],
+    kwdefaults: dict[str, Value],
+) -> dict[str, Value]:
+    """Map call arguments to a code object's parameters as CPython does."""
+    names = code.co_varnames
+    npos, nkw, posonly = code.co_argcount, code.co_kwonlyargcount, code.co_posonlyargcount
+    bound: dict[str, Value] = dict(zip(names[:npos], args))
+    extra = args[npos:]
+    has_varargs = bool(code.co_flags & inspect.CO_VARARGS)
+    has_varkw = bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    if extra and not has_varargs:
+        raise Unsupported(
+            BreakReason.EXCEPTION_RAISED,
+            f"{code.co_name}() takes {npos} positional arguments but {len(args)} were given",
+        )
+    rest: dict[str, Value] = {}
+    keyword_names = names[posonly : npos + nkw]
+    for key, value in kwargs.items():
+        if key in keyword_names:
+            if key in bound:
+                raise Unsupported(
+                    BreakReason.EXCEPTION_RAISED,
+                    f"{code.co_name}() got multiple values for {key!r}",
+                )
+            bound[key] = value
+        elif has_varkw:
+            rest[key] = value
+        else:
+            raise Unsupported(
+                BreakReason.EXCEPTION_RAISED, f"{code.co_name}() got an unexpected keyword {key!r}"
+            )
+    first_default = npos - len(defaults)
+    for i, name in enumerate(names[:npos]):
+        if name not in bound:
+            if i < first_default:
+                raise Unsupported(
+                    BreakReason.EXCEPTION_RAISED, f"{code.co_name}() missing argument {name!r}"
+                )
+            bound[name] = defaults[i - first_default]
+    for name in names[npos : npos + nkw]:
+        if name not in bound:
+            if name not in kwdefaults:
+                raise Unsupported(
+                    BreakReason.EXCEPTION_RAISED, f"{code.co_name}() missing argument {name!r}"
+                )
+            bound[name] = kwdefaults[name]
+    index = npos + nkw
+    if has_varargs:
+        bound[names[index]] = TupleValue(list(extra))
+        index += 1
+    if has_varkw:
+        bound[names[index]] = DictValue(rest)
+    return bound
+
+
+def root_translator(
+    ctx: CaptureContext, fn: types.FunctionType, args: tuple, kwargs: dict
+) -> Translator:
+    """The translator of the function being compiled, its arguments wrapped on first use."""
+    real = inspect.signature(fn).bind(*args, **kwargs)
+    real.apply_defaults()
+    lazy = dict(real.arguments)
+    cells: dict[str, Any] = {}
+    for index, (name, cell) in enumerate(zip(fn.__code__.co_freevars, fn.__closure__ or ())):
+        cells[name] = RealCell(cell, CellSource(name, index))
+    ctx.guards.add(GuardKind.GRAD_MODE, None, torch.is_grad_enabled())
+    return Translator(ctx, fn.__code__, fn.__globals__, {}, cells, lazy_args=lazy)

@@ -1,0 +1,149 @@
+"""The symbolic value protocol (Dynamo's VariableTracker) and Python constants.
+
+A `Value` stands for one Python value during capture. Operations the interpreter performs on
+it (attribute reads, calls, iteration, truth tests, indexing) are methods here; each subclass
+implements what it can model and raises `Unsupported` with a reason for the rest. A value knows
+its `source` when it came from outside the frame; values made during capture have none and are
+rebuilt by `reconstruct` in the replacement bytecode.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ember.capture.sources import Source
+from ember.errors import BreakReason, Unsupported
+
+if TYPE_CHECKING:
+    from ember.capture.codegen import Emitter
+    from ember.capture.translator import Translator
+
+
+class NotConstant(Exception):
+    """Raised by `as_constant` when a value is not known while tracing."""
+
+
+class Value:
+    source: Source | None = None
+
+    def python_type(self) -> type:
+        raise Unsupported(BreakReason.UNSUPPORTED_OBJECT, f"type of {self.describe()} is not known")
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+    def is_constant(self) -> bool:
+        return False
+
+    def as_constant(self) -> Any:
+        raise NotConstant(self.describe())
+
+    def truth(self, tx: Translator) -> bool:
+        raise Unsupported(BreakReason.DYNAMIC_CONTROL_FLOW, f"truth value of {self.describe()}")
+
+    def getattr(self, tx: Translator, name: str) -> Value:
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_ATTRIBUTE, f"attribute {name!r} of {self.describe()}"
+        )
+
+    def setattr(self, tx: Translator, name: str, value: Value) -> None:
+        raise Unsupported(
+            BreakReason.SIDE_EFFECT, f"setting attribute {name!r} on {self.describe()}"
+        )
+
+    def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"calling {self.describe()}")
+
+    def iterate(self, tx: Translator) -> list[Value]:
+        raise Unsupported(BreakReason.DYNAMIC_CONTROL_FLOW, f"iterating over {self.describe()}")
+
+    def getitem(self, tx: Translator, key: Value) -> Value:
+        raise Unsupported(BreakReason.UNSUPPORTED_OPERATOR, f"indexing {self.describe()}")
+
+    def setitem(self, tx: Translator, key: Value, value: Value) -> None:
+        raise Unsupported(BreakReason.SIDE_EFFECT, f"item assignment on {self.describe()}")
+
+    def delitem(self, tx: Translator, key: Value) -> None:
+        raise Unsupported(BreakReason.SIDE_EFFECT, f"item deletion on {self.describe()}")
+
+    def length(self, tx: Translator) -> int:
+        raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"len() of {self.describe()}")
+
+    def reconstruct(self, em: Emitter) -> None:
+        """Emit bytecode that pushes this value at run time."""
+        if self.source is not None:
+            self.source.emit(em.cg)
+            return
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_OBJECT,
+            f"{self.describe()} made during capture cannot be rebuilt after the graph",
+        )
+
+
+class ConstantValue(Value):
+    """A Python value known while tracing: numbers, strings, None, dtypes, devices, ..."""
+
+    def __init__(self, value: Any, source: Source | None = None) -> None:
+        self.value = value
+        self.source = source
+
+    def describe(self) -> str:
+        return f"constant {self.value!r}"
+
+    def python_type(self) -> type:
+        return type(self.value)
+
+    def is_constant(self) -> bool:
+        return True
+
+    def as_constant(self) -> Any:
+        return self.value
+
+    def truth(self, tx: Translator) -> bool:
+        return bool(self.value)
+
+    def getattr(self, tx: Translator, name: str) -> Value:
+        from ember.capture.values.functions import BuiltinValue
+
+        try:
+            attr = getattr(self.value, name)
+        except AttributeError as exc:
+            raise Unsupported(
+                BreakReason.EXCEPTION_RAISED, f"{self.describe()} has no attribute {name!r}"
+            ) from exc
+        if callable(attr) and not isinstance(attr, type):
+            return BuiltinValue(attr)
+        return ConstantValue(attr)
+
+    def length(self, tx: Translator) -> int:
+        return len(self.value)
+
+    def iterate(self, tx: Translator) -> list[Value]:
+        if isinstance(self.value, (str, bytes, range, frozenset)):
+            return [ConstantValue(v) for v in self.value]
+        return super().iterate(tx)
+
+    def getitem(self, tx: Translator, key: Value) -> Value:
+        return ConstantValue(self.value[key.as_constant()])
+
+    def reconstruct(self, em: Emitter) -> None:
+        em.cg.load_const(self.value)
+
+
+class NullValue(Value):
+    """The NULL that 3.11+ pushes below a callable."""
+
+    def describe(self) -> str:
+        return "NULL"
+
+
+NULL = NullValue()
+
+
+def constants(values: list[Value]) -> list[Any]:
+    """The constants of a list of values, or NotConstant."""
+    return [v.as_constant() for v in values]
+
+
+def all_constant(values: list[Value] | tuple[Value, ...]) -> bool:
+    return all(v.is_constant() for v in values)

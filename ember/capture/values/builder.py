@@ -1,0 +1,237 @@
+"""Turn real Python objects into symbolic values (Dynamo's VariableBuilder).
+
+`wrap(obj, source)` is for objects reached from the frame: it installs the guard each kind of
+value needs and deduplicates mutable objects by identity, so that every alias of a list, dict,
+module or user object is the same Value. `wrap_const(obj)` is for objects the trace made or
+folded itself: no source, no guard.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ember.capture.guards import GuardKind
+from ember.capture.sources import ConstSource, ItemSource, Source
+from ember.capture.values.base import ConstantValue, Value
+from ember.capture.values.containers import DictValue, ListValue, TupleValue
+from ember.capture.values.functions import (
+    BoundMethodValue,
+    BuiltinValue,
+    PartialValue,
+    TorchFunctionValue,
+    UserFunctionValue,
+)
+from ember.capture.values.objects import (
+    ClassValue,
+    GradModeValue,
+    ModuleValue,
+    PyModuleValue,
+    UserObjectValue,
+)
+from ember.errors import BreakReason, Unsupported
+
+if TYPE_CHECKING:
+    from ember.capture.translator import CaptureContext
+
+_CONSTANT_TYPES = (
+    int,
+    float,
+    bool,
+    str,
+    bytes,
+    complex,
+    type(None),
+    type(Ellipsis),
+    type(NotImplemented),
+    torch.dtype,
+    torch.device,
+    torch.layout,
+    torch.memory_format,
+    range,
+    torch.Size,
+)
+
+
+def _is_torch_function(fn: Any) -> bool:
+    module = getattr(fn, "__module__", None) or ""
+    if isinstance(
+        fn,
+        (
+            types.BuiltinFunctionType,
+            types.MethodDescriptorType,
+            types.WrapperDescriptorType,
+            torch._C._FunctionBase,
+        ),
+    ):
+        return (
+            module.startswith("torch")
+            or getattr(fn, "__self__", None)
+            in (
+                torch._C._nn,
+                torch._C._VariableFunctions,
+                torch._C._linalg,
+                torch._C._fft,
+                torch._C._special,
+            )
+            or isinstance(getattr(fn, "__objclass__", None), type)
+            and issubclass(fn.__objclass__, torch._C.TensorBase)
+        )
+    if isinstance(fn, torch._ops.OpOverloadPacket | torch._ops.OpOverload):
+        return True
+    return module in ("torch.nn.functional", "torch.functional", "torch._refs") or (
+        module.startswith("torch.") and module.split(".")[1] in ("fft", "linalg", "special")
+    )
+
+
+class ValueBuilder:
+    def __init__(self, ctx: CaptureContext) -> None:
+        self.ctx = ctx
+        self._by_id: dict[int, Value] = {}
+
+    def wrap(self, value: Any, source: Source) -> Value:
+        """A guarded symbolic value for an object reached through `source`."""
+        cached = self._by_id.get(id(value))
+        if cached is not None:
+            if cached.source is not None and cached.source != source:
+                self.ctx.guards.add(GuardKind.SAME_OBJECT, source, cached.source)
+            return cached
+        result = self._wrap(value, source)
+        if not isinstance(result, ConstantValue):
+            self._by_id[id(value)] = result
+        return result
+
+    def _wrap(self, value: Any, source: Source) -> Value:
+        guards = self.ctx.guards
+        if isinstance(value, torch.Tensor):
+            return self.ctx.out.graph_input(source, value)
+        if isinstance(value, _CONSTANT_TYPES):
+            guards.add(GuardKind.EQUALS_MATCH, source, value)
+            return ConstantValue(value, source)
+        if isinstance(value, tuple):
+            guards.add(GuardKind.LENGTH_MATCH, source, (type(value), len(value)))
+            items = [self.wrap(v, ItemSource(source, i)) for i, v in enumerate(value)]
+            struct = type(value) if type(value) is not tuple else None
+            return TupleValue(items, source, struct_type=struct)
+        if type(value) is list:
+            guards.add(GuardKind.LENGTH_MATCH, source, (list, len(value)))
+            return ListValue(
+                [self.wrap(v, ItemSource(source, i)) for i, v in enumerate(value)], source
+            )
+        if isinstance(value, dict) and all(isinstance(k, (str, int)) for k in value):
+            guards.add(GuardKind.DICT_KEYS, source, (type(value), list(value)))
+            items = {k: self.wrap(v, ItemSource(source, k)) for k, v in value.items()}
+            return DictValue(items, source, dict_type=type(value))
+        if isinstance(value, torch.nn.Module):
+            guards.add(GuardKind.ID_MATCH, source, value)
+            return ModuleValue(value, source)
+        return self._wrap_callable_or_object(value, source)
+
+    def _wrap_callable_or_object(self, value: Any, source: Source) -> Value:
+        guards = self.ctx.guards
+        special = self._special(value)
+        if special is not None:
+            guards.add(GuardKind.ID_MATCH, source, value)
+            return special
+        if isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType):
+            from ember.capture.sources import AttrSource
+
+            owner = self.wrap(value.__self__, AttrSource(source, "__self__"))
+            return BoundMethodValue(UserFunctionValue(value.__func__), owner, source)
+        if isinstance(value, functools.partial):
+            from ember.capture.sources import AttrSource
+
+            guards.add(GuardKind.TYPE_MATCH, source, type(value))
+            fn = self.wrap(value.func, AttrSource(source, "func"))
+            args = [
+                self.wrap(a, ItemSource(AttrSource(source, "args"), i))
+                for i, a in enumerate(value.args)
+            ]
+            kwargs = {
+                k: self.wrap(v, ItemSource(AttrSource(source, "keywords"), k))
+                for k, v in value.keywords.items()
+            }
+            return PartialValue(fn, args, kwargs)
+        if hasattr(value, "__dict__") and not isinstance(value, type):
+            guards.add(GuardKind.TYPE_MATCH, source, type(value))
+            return UserObjectValue(type(value), source, value)
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_OBJECT, f"object of type {type(value).__qualname__}"
+        )
+
+    def _special(self, value: Any) -> Value | None:
+        """Values identified by what they are: functions, classes, Python modules."""
+        if isinstance(value, types.FunctionType) and not _is_torch_function(value):
+            return UserFunctionValue(value)
+        if _is_torch_function(value):
+            return TorchFunctionValue(value)
+        if (
+            isinstance(
+                value,
+                (
+                    types.BuiltinFunctionType,
+                    types.MethodWrapperType,
+                    types.BuiltinMethodType,
+                    functools.partial.__class__,
+                ),
+            )
+            and callable(value)
+            and not isinstance(value, type)
+        ):
+            return BuiltinValue(value)
+        if value in (torch.no_grad, torch.enable_grad, torch.set_grad_enabled):
+            return GradModeClassValue(value)
+        if isinstance(value, type):
+            from ember.capture.values.builtins import BUILTINS
+
+            if value in BUILTINS:
+                return BuiltinValue(value)
+            return ClassValue(value)
+        if isinstance(value, types.ModuleType):
+            return PyModuleValue(value)
+        return None
+
+    def wrap_const(self, value: Any) -> Value:
+        """A value the trace produced itself (folded results, defaults, module attributes)."""
+        if isinstance(value, _CONSTANT_TYPES):
+            return ConstantValue(value)
+        if isinstance(value, torch.Tensor):
+            return self.wrap(value, ConstSource(value, f"constant tensor {id(value):#x}"))
+        special = self._special(value)
+        if special is not None:
+            special.source = ConstSource(value, getattr(value, "__qualname__", repr(value)))
+            return special
+        if isinstance(value, tuple) and type(value) is tuple:
+            return TupleValue([self.wrap_const(v) for v in value])
+        if isinstance(value, frozenset):
+            return ConstantValue(value)
+        return self.wrap(value, ConstSource(value, f"{type(value).__name__} {id(value):#x}"))
+
+
+class GradModeClassValue(Value):
+    """torch.no_grad / enable_grad / set_grad_enabled as called in the trace."""
+
+    def __init__(self, cls: Any) -> None:
+        self.cls = cls
+
+    def describe(self) -> str:
+        return self.cls.__name__
+
+    def is_constant(self) -> bool:
+        return True
+
+    def as_constant(self) -> Any:
+        return self.cls
+
+    def call(self, tx, args, kwargs) -> Value:
+        if self.cls is torch.no_grad:
+            return GradModeValue(False)
+        if self.cls is torch.enable_grad:
+            return GradModeValue(True)
+        mode = args[0].as_constant()
+        previous = tx.grad_enabled()
+        tx.set_grad_enabled(mode)  # set_grad_enabled acts when called, not on __enter__
+        return GradModeValue(mode, restore_to=previous)

@@ -1,0 +1,418 @@
+"""Builtins and special torch calls, keyed by the function object itself.
+
+Each handler takes `(tx, args, kwargs)` of symbolic values and returns a symbolic value.
+Pure functions not listed here (math, operator on constants, methods of immutable constants)
+are folded when every argument is a constant; anything else is refused with its name.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import operator
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ember.capture.values.base import ConstantValue, Value, all_constant
+from ember.capture.values.containers import (
+    DictValue,
+    IteratorValue,
+    ListValue,
+    SetValue,
+    SliceValue,
+    TupleValue,
+)
+from ember.capture.values.functions import PartialValue
+from ember.capture.values.tensor import TensorValue, tensor_op
+from ember.errors import BreakReason, Unsupported
+
+if TYPE_CHECKING:
+    from ember.capture.translator import Translator
+
+Handler = Callable[["Translator", list[Value], dict[str, Value]], Value]
+BUILTINS: dict[Any, Handler] = {}
+
+
+def handles(*fns: Any) -> Callable[[Handler], Handler]:
+    def register(handler: Handler) -> Handler:
+        for fn in fns:
+            BUILTINS[fn] = handler
+        return handler
+
+    return register
+
+
+_PURE_BUILTINS = {
+    abs,
+    all,
+    any,
+    ascii,
+    bin,
+    bool,
+    chr,
+    divmod,
+    float,
+    format,
+    hash,
+    hex,
+    int,
+    len,
+    max,
+    min,
+    oct,
+    ord,
+    pow,
+    repr,
+    round,
+    sorted,
+    str,
+    sum,
+    tuple,
+    frozenset,
+    complex,
+    isinstance,
+    issubclass,
+    callable,
+}
+
+
+def is_pure(fn: Any) -> bool:
+    """Safe to call at trace time on constants: no side effects, result fixed by arguments."""
+    if fn in _PURE_BUILTINS:
+        return True
+    module = getattr(fn, "__module__", None)
+    if module in ("math", "operator", "_operator", "cmath"):
+        return True
+    owner = getattr(fn, "__self__", None)
+    return isinstance(
+        owner,
+        (str, int, float, bytes, tuple, frozenset, complex, torch.dtype, torch.device, torch.Size),
+    )
+
+
+def _const(tx: Translator, value: Any) -> Value:
+    return tx.ctx.builder.wrap_const(value)
+
+
+@handles(len)
+def _len(tx, args, kwargs):
+    return ConstantValue(args[0].length(tx))
+
+
+@handles(isinstance)
+def _isinstance(tx, args, kwargs):
+    cls = args[1].as_constant()
+    return ConstantValue(issubclass(args[0].python_type(), cls))
+
+
+@handles(issubclass)
+def _issubclass(tx, args, kwargs):
+    return ConstantValue(issubclass(args[0].as_constant(), args[1].as_constant()))
+
+
+@handles(callable)
+def _callable(tx, args, kwargs):
+    return ConstantValue(callable(args[0].python_type()) or hasattr(args[0], "call"))
+
+
+@handles(type)
+def _type(tx, args, kwargs):
+    if len(args) != 1:
+        raise Unsupported(BreakReason.UNSUPPORTED_CALL, "type() with three arguments")
+    return _const(tx, args[0].python_type())
+
+
+@handles(getattr)
+def _getattr(tx, args, kwargs):
+    name = args[1].as_constant()
+    if len(args) == 3:
+        try:
+            return args[0].getattr(tx, name)
+        except Unsupported as exc:
+            if exc.reason is BreakReason.EXCEPTION_RAISED:
+                return args[2]
+            raise
+    return args[0].getattr(tx, name)
+
+
+@handles(hasattr)
+def _hasattr(tx, args, kwargs):
+    try:
+        args[0].getattr(tx, args[1].as_constant())
+    except Unsupported as exc:
+        if exc.reason is BreakReason.EXCEPTION_RAISED:
+            return ConstantValue(False)
+        raise
+    return ConstantValue(True)
+
+
+@handles(setattr)
+def _setattr(tx, args, kwargs):
+    args[0].setattr(tx, args[1].as_constant(), args[2])
+    return ConstantValue(None)
+
+
+@handles(range)
+def _range(tx, args, kwargs):
+    return ConstantValue(range(*(a.as_constant() for a in args)))
+
+
+@handles(enumerate)
+def _enumerate(tx, args, kwargs):
+    start = (args[1] if len(args) > 1 else kwargs.get("start", ConstantValue(0))).as_constant()
+    items = args[0].iterate(tx)
+    return IteratorValue([TupleValue([ConstantValue(i + start), v]) for i, v in enumerate(items)])
+
+
+@handles(zip)
+def _zip(tx, args, kwargs):
+    columns = [a.iterate(tx) for a in args]
+    strict = kwargs.get("strict", ConstantValue(False)).as_constant()
+    if strict and len({len(c) for c in columns}) > 1:
+        raise Unsupported(BreakReason.EXCEPTION_RAISED, "zip(strict=True) lengths differ")
+    return IteratorValue([TupleValue(list(row)) for row in zip(*columns)])
+
+
+@handles(reversed)
+def _reversed(tx, args, kwargs):
+    return IteratorValue(list(reversed(args[0].iterate(tx))))
+
+
+@handles(iter)
+def _iter(tx, args, kwargs):
+    if isinstance(args[0], IteratorValue):
+        return args[0]
+    return IteratorValue(args[0].iterate(tx))
+
+
+@handles(next)
+def _next(tx, args, kwargs):
+    it = args[0]
+    if not isinstance(it, IteratorValue):
+        raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"next() on {it.describe()}")
+    value = it.next()
+    if value is None:
+        if len(args) > 1:
+            return args[1]
+        raise Unsupported(BreakReason.EXCEPTION_RAISED, "StopIteration from next()")
+    return value
+
+
+@handles(list)
+def _list(tx, args, kwargs):
+    return ListValue(args[0].iterate(tx) if args else [])
+
+
+@handles(tuple)
+def _tuple(tx, args, kwargs):
+    return TupleValue(args[0].iterate(tx) if args else [])
+
+
+@handles(dict)
+def _dict(tx, args, kwargs):
+    result = DictValue({})
+    if args:
+        result.call_method(tx, "update", args, {})
+    for k, v in kwargs.items():
+        result.items[k] = v
+    return result
+
+
+@handles(set, frozenset)
+def _set(tx, args, kwargs):
+    items = args[0].iterate(tx) if args else []
+    if not all_constant(items):
+        raise Unsupported(BreakReason.UNSUPPORTED_OBJECT, "set of non-constant values")
+    return SetValue({v.as_constant() for v in items})
+
+
+@handles(slice)
+def _slice(tx, args, kwargs):
+    return SliceValue(list(args))
+
+
+def _fold_or_tensor(fn: Any, tensor_fn: Any) -> Handler:
+    def handler(tx, args, kwargs):
+        if args and isinstance(args[0], TensorValue):
+            return tensor_op(tx, "call_function", tensor_fn, args, kwargs)
+        return ConstantValue(fn(*(a.as_constant() for a in args)))
+
+    return handler
+
+
+BUILTINS[abs] = _fold_or_tensor(abs, abs)
+BUILTINS[round] = _fold_or_tensor(round, torch.round)
+
+
+def _to_python(fn: Any) -> Handler:
+    def handler(tx, args, kwargs):
+        if args and isinstance(args[0], TensorValue):
+            args[0].call_method(tx, "item", [], {})  # raises TENSOR_TO_PYTHON
+        return ConstantValue(fn(*(a.as_constant() for a in args)))
+
+    return handler
+
+
+for _fn in (int, float, complex, str, repr, format):
+    BUILTINS[_fn] = _to_python(_fn)
+
+
+@handles(bool)
+def _bool(tx, args, kwargs):
+    return ConstantValue(args[0].truth(tx) if args else False)
+
+
+def _reduce_items(tx: Translator, args: list[Value]) -> list[Value]:
+    return args[0].iterate(tx) if len(args) == 1 else list(args)
+
+
+def _min_max_for(fn: Any) -> Handler:
+    def handler(tx, args, kwargs):
+        items = _reduce_items(tx, args)
+        if all_constant(items) and not kwargs:
+            return ConstantValue(fn(v.as_constant() for v in items))
+        raise Unsupported(
+            BreakReason.DATA_DEPENDENT_BRANCH,
+            f"{fn.__name__}() over non-constant values compares them in Python",
+            hint=f"use torch.{'minimum' if fn is min else 'maximum'} for tensors",
+        )
+
+    return handler
+
+
+BUILTINS[min] = _min_max_for(min)
+BUILTINS[max] = _min_max_for(max)
+
+
+@handles(sum)
+def _sum(tx, args, kwargs):
+    from ember.capture.operators import apply
+
+    items = args[0].iterate(tx)
+    total = args[1] if len(args) > 1 else kwargs.get("start", ConstantValue(0))
+    for item in items:
+        total = apply(tx, operator.add, [total, item])
+    return total
+
+
+def _any_all(fn: Any) -> Handler:
+    def handler(tx, args, kwargs):
+        return ConstantValue(fn(v.truth(tx) for v in args[0].iterate(tx)))
+
+    return handler
+
+
+BUILTINS[any] = _any_all(any)
+BUILTINS[all] = _any_all(all)
+
+
+@handles(map)
+def _map(tx, args, kwargs):
+    fn, columns = args[0], [a.iterate(tx) for a in args[1:]]
+    return IteratorValue([fn.call(tx, list(row), {}) for row in zip(*columns)])
+
+
+@handles(filter)
+def _filter(tx, args, kwargs):
+    fn, items = args[0], args[1].iterate(tx)
+    if fn.is_constant() and fn.as_constant() is None:
+        return IteratorValue([v for v in items if v.truth(tx)])
+    return IteratorValue([v for v in items if fn.call(tx, [v], {}).truth(tx)])
+
+
+@handles(sorted)
+def _sorted(tx, args, kwargs):
+    items = args[0].iterate(tx)
+    if not all_constant(items) or "key" in kwargs:
+        raise Unsupported(BreakReason.UNSUPPORTED_CALL, "sorted() of non-constants or with key=")
+    reverse = kwargs.get("reverse", ConstantValue(False)).as_constant()
+    return ListValue(
+        [ConstantValue(v) for v in sorted((i.as_constant() for i in items), reverse=reverse)]
+    )
+
+
+@handles(functools.partial)
+def _partial(tx, args, kwargs):
+    return PartialValue(args[0], list(args[1:]), dict(kwargs))
+
+
+@handles(print)
+def _print(tx, args, kwargs):
+    raise Unsupported(
+        BreakReason.UNSUPPORTED_CALL,
+        "call to print (output must happen in Python, in order)",
+        hint="remove the print from the compiled function, or let the graph break there",
+    )
+
+
+def _operator_handler(fn: Any) -> Handler:
+    def handler(tx, args, kwargs):
+        from ember.capture.operators import apply
+
+        return apply(tx, fn, list(args))
+
+    return handler
+
+
+for _name in dir(operator):
+    _op = getattr(operator, _name)
+    if callable(_op) and not _name.startswith("_") and not isinstance(_op, type):
+        if _name not in ("attrgetter", "itemgetter", "methodcaller", "call", "length_hint"):
+            BUILTINS[_op] = _operator_handler(_op)
+
+
+@handles(torch.is_grad_enabled)
+def _is_grad_enabled(tx, args, kwargs):
+    return ConstantValue(torch.is_grad_enabled())  # pinned by the GRAD_MODE guard
+
+
+@handles(torch.is_tensor)
+def _is_tensor(tx, args, kwargs):
+    return ConstantValue(isinstance(args[0], TensorValue))
+
+
+@handles(torch.is_floating_point)
+def _is_floating_point(tx, args, kwargs):
+    return ConstantValue(args[0].example.is_floating_point())
+
+
+@handles(torch.numel)
+def _numel(tx, args, kwargs):
+    return ConstantValue(args[0].example.numel())
+
+
+@handles(torch.get_default_dtype)
+def _default_dtype(tx, args, kwargs):
+    return ConstantValue(torch.get_default_dtype())
+
+
+def _math_fold(fn: Any) -> Handler:
+    def handler(tx, args, kwargs):
+        if not all_constant(args):
+            raise Unsupported(
+                BreakReason.UNSUPPORTED_CALL,
+                f"math.{fn.__name__} on a tensor needs its value in Python",
+                hint=f"use torch.{fn.__name__}",
+            )
+        return ConstantValue(fn(*(a.as_constant() for a in args)))
+
+    return handler
+
+
+for _fn in (
+    math.sqrt,
+    math.exp,
+    math.log,
+    math.cos,
+    math.sin,
+    math.tanh,
+    math.ceil,
+    math.floor,
+    math.prod,
+    math.log2,
+    math.erf,
+    math.isqrt,
+):
+    BUILTINS[_fn] = _math_fold(_fn)

@@ -1,0 +1,394 @@
+"""Tuples, lists, dicts, sets, slices and iterators of symbolic values.
+
+Lists and dicts are mutable: the same Python object is always the same Value (the builder
+deduplicates by identity), so a mutation is seen by every alias. Mutating one that came from
+outside (it has a source) is recorded in the side-effect ledger and replayed after the graph.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ember.capture.values.base import ConstantValue, Value, all_constant
+from ember.errors import BreakReason, Unsupported
+
+if TYPE_CHECKING:
+    from ember.capture.codegen import Emitter
+    from ember.capture.translator import Translator
+
+
+def _index(tx: Translator, key: Value) -> Any:
+    if isinstance(key, SliceValue):
+        return slice(*(p.as_constant() for p in key.parts))
+    try:
+        return key.as_constant()
+    except Exception as exc:
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_OPERATOR, f"index {key.describe()} into a container"
+        ) from exc
+
+
+class SequenceValue(Value):
+    def __init__(self, items: list[Value], source=None) -> None:
+        self.items = list(items)
+        self.source = source
+
+    def is_constant(self) -> bool:
+        return all_constant(self.items)
+
+    def as_constant(self) -> Any:
+        return self.python_type()(v.as_constant() for v in self.items)
+
+    def truth(self, tx: Translator) -> bool:
+        return bool(self.items)
+
+    def length(self, tx: Translator) -> int:
+        return len(self.items)
+
+    def iterate(self, tx: Translator) -> list[Value]:
+        return list(self.items)
+
+    def getitem(self, tx: Translator, key: Value) -> Value:
+        index = _index(tx, key)
+        if isinstance(index, slice):
+            return (
+                type(self)(self.items[index])
+                if not isinstance(self, TupleValue)
+                else (TupleValue(self.items[index]))
+            )
+        try:
+            return self.items[index]
+        except (IndexError, TypeError) as exc:
+            raise Unsupported(
+                BreakReason.EXCEPTION_RAISED, f"index {index!r} of {self.describe()}: {exc}"
+            ) from exc
+
+    def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
+        if name == "index" and all_constant(args) and self.is_constant():
+            return ConstantValue(self.as_constant().index(*(a.as_constant() for a in args)))
+        if name == "count" and all_constant(args) and self.is_constant():
+            return ConstantValue(self.as_constant().count(args[0].as_constant()))
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_CALL, f"{self.python_type().__name__}.{name}() here"
+        )
+
+    def getattr(self, tx: Translator, name: str) -> Value:
+        from ember.capture.values.functions import MethodValue
+
+        if hasattr(self.python_type(), name):
+            return MethodValue(self, name)
+        return super().getattr(tx, name)
+
+
+class TupleValue(SequenceValue):
+    def __init__(self, items: list[Value], source=None, struct_type: type | None = None):
+        super().__init__(items, source)
+        self.struct_type = struct_type
+
+    def describe(self) -> str:
+        return f"tuple of {len(self.items)}"
+
+    def python_type(self) -> type:
+        return self.struct_type or tuple
+
+    def as_constant(self) -> Any:
+        values = [v.as_constant() for v in self.items]
+        if self.struct_type is not None and hasattr(self.struct_type, "_make"):
+            return self.struct_type._make(values)
+        return tuple(values)
+
+    def getattr(self, tx: Translator, name: str) -> Value:
+        fields = getattr(self.struct_type, "_fields", None) or _return_type_fields(self.struct_type)
+        if fields and name in fields:
+            return self.items[fields.index(name)]
+        return super().getattr(tx, name)
+
+    def reconstruct(self, em: Emitter) -> None:
+        if self.source is not None:
+            return super().reconstruct(em)
+        if self.struct_type is not None and hasattr(self.struct_type, "_make"):
+            em.cg.push_null()
+            em.cg.load_const(self.struct_type)
+            for item in self.items:
+                em.reconstruct(item)
+            em.cg.call(len(self.items))
+            return
+        for item in self.items:
+            em.reconstruct(item)
+        em.cg.build("TUPLE", len(self.items))
+
+
+def _return_type_fields(struct: type | None) -> tuple[str, ...] | None:
+    """torch.return_types (max, sort, ...) are structseqs: their field names by position."""
+    if struct is None or not hasattr(struct, "n_sequence_fields"):
+        return None
+    probe = struct(tuple(range(struct.n_sequence_fields)))
+    names = [n for n in dir(probe) if not n.startswith(("_", "n_")) and n not in ("count", "index")]
+    return tuple(sorted(names, key=lambda n: getattr(probe, n)))
+
+
+class ListValue(SequenceValue):
+    def describe(self) -> str:
+        return f"list of {len(self.items)}"
+
+    def python_type(self) -> type:
+        return list
+
+    def _mutate(self, tx: Translator) -> None:
+        tx.ctx.effects.mutated(self)
+
+    def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
+        items = self.items
+        if name == "append":
+            self._mutate(tx)
+            items.append(args[0])
+        elif name == "extend":
+            self._mutate(tx)
+            items.extend(args[0].iterate(tx))
+        elif name == "insert":
+            self._mutate(tx)
+            items.insert(args[0].as_constant(), args[1])
+        elif name == "pop":
+            self._mutate(tx)
+            return items.pop(*(a.as_constant() for a in args))
+        elif name == "remove":
+            target = args[0]
+            for i, item in enumerate(items):
+                if item is target or (
+                    item.is_constant()
+                    and target.is_constant()
+                    and item.as_constant() == target.as_constant()
+                ):
+                    self._mutate(tx)
+                    del items[i]
+                    break
+            else:
+                raise Unsupported(BreakReason.EXCEPTION_RAISED, "list.remove(x): x not in list")
+        elif name == "clear":
+            self._mutate(tx)
+            items.clear()
+        elif name == "reverse":
+            self._mutate(tx)
+            items.reverse()
+        elif name == "copy":
+            return ListValue(items)
+        elif name == "sort" and self.is_constant():
+            self._mutate(tx)
+            kw = {k: v.as_constant() for k, v in kwargs.items()}
+            self.items = [ConstantValue(v) for v in sorted(self.as_constant(), **kw)]
+        else:
+            return super().call_method(tx, name, args, kwargs)
+        return ConstantValue(None)
+
+    def setitem(self, tx: Translator, key: Value, value: Value) -> None:
+        index = _index(tx, key)
+        self._mutate(tx)
+        if isinstance(index, slice):
+            self.items[index] = value.iterate(tx)
+        else:
+            self.items[index] = value
+
+    def delitem(self, tx: Translator, key: Value) -> None:
+        self._mutate(tx)
+        del self.items[_index(tx, key)]
+
+    def reconstruct(self, em: Emitter) -> None:
+        if self.source is not None:
+            return super().reconstruct(em)
+        for item in self.items:
+            em.reconstruct(item)
+        em.cg.build("LIST", len(self.items))
+
+
+class DictValue(Value):
+    """A dict whose keys are constants; values symbolic."""
+
+    def __init__(self, items: dict[Any, Value], source=None, dict_type: type = dict) -> None:
+        self.items = dict(items)
+        self.source = source
+        self.dict_type = dict_type
+
+    def describe(self) -> str:
+        return f"dict of {len(self.items)}"
+
+    def python_type(self) -> type:
+        return self.dict_type
+
+    def is_constant(self) -> bool:
+        return all_constant(list(self.items.values()))
+
+    def as_constant(self) -> Any:
+        return self.dict_type((k, v.as_constant()) for k, v in self.items.items())
+
+    def truth(self, tx: Translator) -> bool:
+        return bool(self.items)
+
+    def length(self, tx: Translator) -> int:
+        return len(self.items)
+
+    def iterate(self, tx: Translator) -> list[Value]:
+        return [ConstantValue(k) for k in self.items]
+
+    def _key(self, key: Value) -> Any:
+        try:
+            return key.as_constant()
+        except Exception as exc:
+            raise Unsupported(
+                BreakReason.UNSUPPORTED_OPERATOR, f"dict key {key.describe()}"
+            ) from exc
+
+    def getitem(self, tx: Translator, key: Value) -> Value:
+        k = self._key(key)
+        if k not in self.items:
+            raise Unsupported(BreakReason.EXCEPTION_RAISED, f"KeyError: {k!r}")
+        return self.items[k]
+
+    def setitem(self, tx: Translator, key: Value, value: Value) -> None:
+        tx.ctx.effects.mutated(self)
+        self.items[self._key(key)] = value
+
+    def delitem(self, tx: Translator, key: Value) -> None:
+        tx.ctx.effects.mutated(self)
+        del self.items[self._key(key)]
+
+    def getattr(self, tx: Translator, name: str) -> Value:
+        from ember.capture.values.functions import MethodValue
+
+        if hasattr(dict, name):
+            return MethodValue(self, name)
+        return super().getattr(tx, name)
+
+    def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
+        items = self.items
+        if name == "keys":
+            return ListValue([ConstantValue(k) for k in items])
+        if name == "values":
+            return ListValue(list(items.values()))
+        if name == "items":
+            return ListValue([TupleValue([ConstantValue(k), v]) for k, v in items.items()])
+        if name == "get":
+            default = args[1] if len(args) > 1 else ConstantValue(None)
+            return items.get(self._key(args[0]), default)
+        if name == "__contains__":
+            return ConstantValue(self._key(args[0]) in items)
+        if name == "copy":
+            return DictValue(items, dict_type=self.dict_type)
+        tx.ctx.effects.mutated(self)
+        if name == "update":
+            if args:
+                other = args[0]
+                pairs = (
+                    other.items.items()
+                    if isinstance(other, DictValue)
+                    else [tuple(p.iterate(tx)) for p in other.iterate(tx)]
+                )
+                for k, v in pairs:
+                    items[k if not isinstance(k, Value) else self._key(k)] = v
+            items.update(kwargs)
+            return ConstantValue(None)
+        if name == "setdefault":
+            default = args[1] if len(args) > 1 else ConstantValue(None)
+            return items.setdefault(self._key(args[0]), default)
+        if name == "pop":
+            k = self._key(args[0])
+            if k in items:
+                return items.pop(k)
+            if len(args) > 1:
+                return args[1]
+            raise Unsupported(BreakReason.EXCEPTION_RAISED, f"KeyError: {k!r}")
+        if name == "clear":
+            items.clear()
+            return ConstantValue(None)
+        raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"dict.{name}()")
+
+    def reconstruct(self, em: Emitter) -> None:
+        if self.source is not None:
+            return super().reconstruct(em)
+        if self.dict_type is not dict:
+            em.cg.push_null()
+            em.cg.load_const(self.dict_type)
+        for k, v in self.items.items():
+            em.cg.load_const(k)
+            em.reconstruct(v)
+        em.cg.build("MAP", len(self.items))
+        if self.dict_type is not dict:
+            em.cg.call(1)
+
+
+class SetValue(Value):
+    """A set of constants."""
+
+    def __init__(self, items: set[Any]) -> None:
+        self.items = set(items)
+
+    def python_type(self) -> type:
+        return set
+
+    def is_constant(self) -> bool:
+        return True
+
+    def as_constant(self) -> Any:
+        return set(self.items)
+
+    def truth(self, tx: Translator) -> bool:
+        return bool(self.items)
+
+    def length(self, tx: Translator) -> int:
+        return len(self.items)
+
+    def iterate(self, tx: Translator) -> list[Value]:
+        return [ConstantValue(v) for v in self.items]
+
+    def getattr(self, tx: Translator, name: str) -> Value:
+        from ember.capture.values.functions import MethodValue
+
+        return MethodValue(self, name)
+
+    def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
+        if name in ("add", "discard", "remove", "update", "clear"):
+            getattr(self.items, name)(*(a.as_constant() for a in args))
+            return ConstantValue(None)
+        result = getattr(self.items, name)(*(a.as_constant() for a in args))
+        return SetValue(result) if isinstance(result, set) else ConstantValue(result)
+
+    def reconstruct(self, em: Emitter) -> None:
+        em.cg.load_const(frozenset(self.items))
+        em.cg.build("SET", 0)
+        em.cg.swap(2)
+        em.cg.emit("SET_UPDATE", 1)
+
+
+class SliceValue(Value):
+    def __init__(self, parts: list[Value]) -> None:
+        self.parts = parts
+
+    def python_type(self) -> type:
+        return slice
+
+    def is_constant(self) -> bool:
+        return all_constant(self.parts)
+
+    def as_constant(self) -> Any:
+        return slice(*(p.as_constant() for p in self.parts))
+
+
+class IteratorValue(Value):
+    """An iterator over a list of values, materialized when the loop starts (unrolling)."""
+
+    def __init__(self, items: list[Value]) -> None:
+        self.items = items
+        self.position = 0
+
+    def describe(self) -> str:
+        return "iterator"
+
+    def next(self) -> Value | None:
+        if self.position >= len(self.items):
+            return None
+        self.position += 1
+        return self.items[self.position - 1]
+
+    def iterate(self, tx: Translator) -> list[Value]:
+        rest = self.items[self.position :]
+        self.position = len(self.items)
+        return rest

@@ -1,0 +1,293 @@
+"""Callables during capture: user functions (inlined), closures made in the frame, bound
+methods, functools.partial, builtins and torch functions.
+
+User functions are never run: their bytecode is interpreted by a child translator that shares
+the graph, guards and ledger (inlining). Torch functions become graph nodes. Builtins go
+through the table in `builtins.py`, keyed by the builtin object itself.
+"""
+
+from __future__ import annotations
+
+import types
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ember.capture.sources import Source
+from ember.capture.values.base import ConstantValue, Value, all_constant
+from ember.errors import BreakReason, Unsupported
+
+if TYPE_CHECKING:
+    from ember.capture.codegen import Emitter
+    from ember.capture.translator import Translator
+
+
+def _name(fn: Any) -> str:
+    module = getattr(fn, "__module__", None) or ""
+    qual = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
+    return f"{module}.{qual}" if module and module != "builtins" else qual
+
+
+class UserFunctionValue(Value):
+    """A Python function defined outside the frame (the builder guards its identity)."""
+
+    def __init__(self, fn: types.FunctionType, source=None) -> None:
+        self.fn = fn
+        self.source = source
+
+    def describe(self) -> str:
+        return f"function {_name(self.fn)}"
+
+    def python_type(self) -> type:
+        return types.FunctionType
+
+    def is_constant(self) -> bool:
+        return True
+
+    def as_constant(self) -> Any:
+        return self.fn
+
+    def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        fn = self.fn
+        defaults = tuple(tx.ctx.builder.wrap_const(d) for d in (fn.__defaults__ or ()))
+        kwdefaults = {k: tx.ctx.builder.wrap_const(v) for k, v in (fn.__kwdefaults__ or {}).items()}
+        closure = [
+            RealCell(c, _cell_source(self.source, i, c)) for i, c in enumerate(fn.__closure__ or ())
+        ]
+        return tx.inline_call(
+            fn.__code__,
+            fn.__globals__,
+            args,
+            kwargs,
+            defaults,
+            kwdefaults,
+            closure,
+            self.describe(),
+        )
+
+    def getattr(self, tx: Translator, name: str) -> Value:
+        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
+            return ConstantValue(getattr(self.fn, name))
+        return super().getattr(tx, name)
+
+
+class RealCell:
+    """A real closure cell (of the compiled function or of an inlined one) and the source
+    through which its contents are read and guarded."""
+
+    def __init__(self, cell: types.CellType, source: Source) -> None:
+        self.cell = cell
+        self.source = source
+
+
+def _cell_source(owner: Source | None, index: int, cell: types.CellType) -> Source:
+    from ember.capture.sources import AttrSource, ConstSource, ItemSource
+
+    if owner is None:
+        return AttrSource(ConstSource(cell, "cell"), "cell_contents")
+    return AttrSource(ItemSource(AttrSource(owner, "__closure__"), index), "cell_contents")
+
+
+class NestedFunctionValue(Value):
+    """A function or lambda created by MAKE_FUNCTION during capture."""
+
+    def __init__(
+        self,
+        code: types.CodeType,
+        f_globals: dict,
+        defaults: tuple[Value, ...],
+        kwdefaults: dict[str, Value],
+        closure: tuple,
+        qualname: str,
+    ) -> None:
+        self.code = code
+        self.f_globals = f_globals
+        self.defaults = defaults
+        self.kwdefaults = kwdefaults
+        self.closure = closure
+        self.qualname = qualname
+
+    def describe(self) -> str:
+        return f"function {self.qualname}"
+
+    def python_type(self) -> type:
+        return types.FunctionType
+
+    def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        return tx.inline_call(
+            self.code,
+            self.f_globals,
+            args,
+            kwargs,
+            self.defaults,
+            self.kwdefaults,
+            list(self.closure),
+            self.describe(),
+        )
+
+    def getattr(self, tx: Translator, name: str) -> Value:
+        if name in ("__name__", "__qualname__"):
+            return ConstantValue(self.code.co_name if name == "__name__" else self.qualname)
+        return super().getattr(tx, name)
+
+
+class MethodValue(Value):
+    """`receiver.name` for a receiver that implements the method itself (tensor, list, ...)."""
+
+    def __init__(self, receiver: Value, name: str) -> None:
+        self.receiver = receiver
+        self.name = name
+
+    def describe(self) -> str:
+        return f"method {self.name} of {self.receiver.describe()}"
+
+    def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        return self.receiver.call_method(tx, self.name, args, kwargs)
+
+
+class BoundMethodValue(Value):
+    """A user function bound to a symbolic `self` (methods of modules and user objects)."""
+
+    def __init__(self, fn: Value, receiver: Value, source=None) -> None:
+        self.fn = fn
+        self.receiver = receiver
+        self.source = source
+
+    def describe(self) -> str:
+        return f"method {self.fn.describe()}"
+
+    def python_type(self) -> type:
+        return types.MethodType
+
+    def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        return self.fn.call(tx, [self.receiver, *args], kwargs)
+
+    def getattr(self, tx: Translator, name: str) -> Value:
+        if name == "__self__":
+            return self.receiver
+        if name == "__func__":
+            return self.fn
+        return self.fn.getattr(tx, name)
+
+
+class PartialValue(Value):
+    def __init__(self, fn: Value, args: list[Value], kwargs: dict[str, Value]) -> None:
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
+
+    def describe(self) -> str:
+        return f"functools.partial({self.fn.describe()})"
+
+    def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        return self.fn.call(tx, [*self.args, *args], {**self.kwargs, **kwargs})
+
+    def getattr(self, tx: Translator, name: str) -> Value:
+        if name == "func":
+            return self.fn
+        if name == "args":
+            from ember.capture.values.containers import TupleValue
+
+            return TupleValue(self.args)
+        return super().getattr(tx, name)
+
+
+class BuiltinValue(Value):
+    """A function implemented in C or a pure helper: run through the builtins table, or
+    folded when it is pure and all arguments are constants."""
+
+    def __init__(self, fn: Any, source=None) -> None:
+        self.fn = fn
+        self.source = source
+
+    def describe(self) -> str:
+        return f"builtin {_name(self.fn)}"
+
+    def python_type(self) -> type:
+        return type(self.fn)
+
+    def is_constant(self) -> bool:
+        return True
+
+    def as_constant(self) -> Any:
+        return self.fn
+
+    def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        from ember.capture.values.builtins import BUILTINS, is_pure
+
+        handler = BUILTINS.get(self.fn)
+        if handler is not None:
+            return handler(tx, args, kwargs)
+        if is_pure(self.fn) and all_constant(args) and all_constant(list(kwargs.values())):
+            try:
+                result = self.fn(
+                    *(a.as_constant() for a in args),
+                    **{k: v.as_constant() for k, v in kwargs.items()},
+                )
+            except Exception as exc:
+                raise Unsupported(
+                    BreakReason.EXCEPTION_RAISED,
+                    f"{_name(self.fn)} raised {type(exc).__name__}: {exc}",
+                ) from exc
+            return tx.ctx.builder.wrap_const(result)
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_CALL,
+            f"call to {_name(self.fn)}",
+            hint="ember cannot look inside this function; move the call out of the compiled "
+            "region or wrap the tensor work around it",
+        )
+
+    def getattr(self, tx: Translator, name: str) -> Value:
+        if name in ("__name__", "__qualname__", "__module__"):
+            return ConstantValue(getattr(self.fn, name))
+        return super().getattr(tx, name)
+
+
+# torch functions that change global state or leave the graph: refused, never traced.
+_REFUSED_TORCH = {
+    torch.manual_seed: "torch.manual_seed changes global random state",
+    torch.set_default_dtype: "torch.set_default_dtype changes global state",
+    torch.use_deterministic_algorithms: "torch.use_deterministic_algorithms changes global state",
+    torch.set_printoptions: "torch.set_printoptions changes global state",
+    torch.save: "torch.save writes files",
+    torch.load: "torch.load reads files",
+}
+
+
+class TorchFunctionValue(Value):
+    """A torch / torch.nn.functional function: its call becomes a graph node."""
+
+    def __init__(self, fn: Any, source=None) -> None:
+        self.fn = fn
+        self.source = source
+
+    def describe(self) -> str:
+        return f"torch function {_name(self.fn)}"
+
+    def python_type(self) -> type:
+        return type(self.fn)
+
+    def is_constant(self) -> bool:
+        return True
+
+    def as_constant(self) -> Any:
+        return self.fn
+
+    def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        from ember.capture.values.builtins import BUILTINS
+        from ember.capture.values.tensor import tensor_op
+
+        handler = BUILTINS.get(self.fn)
+        if handler is not None:
+            return handler(tx, args, kwargs)
+        if self.fn in _REFUSED_TORCH:
+            raise Unsupported(BreakReason.UNSUPPORTED_CALL, _REFUSED_TORCH[self.fn])
+        return tensor_op(tx, "call_function", self.fn, args, kwargs)
+
+    def getattr(self, tx: Translator, name: str) -> Value:
+        if name in ("__name__", "__qualname__", "__module__"):
+            return ConstantValue(getattr(self.fn, name))
+        return super().getattr(tx, name)
+
+    def reconstruct(self, em: Emitter) -> None:
+        em.cg.load_const(self.fn)

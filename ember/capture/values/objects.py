@@ -1,0 +1,375 @@
+"""Objects during capture: nn.Modules, user objects (including dataclasses), classes, cells,
+Python modules, grad-mode context managers and `super()`.
+
+Attribute reads consult the side-effect ledger first (a write earlier in the trace wins), then
+the real object: instance attributes are wrapped with an attribute source (so they are guarded
+and reloadable), class functions become methods bound to the symbolic object and are inlined,
+properties have their getter inlined.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ember.capture.sources import AttrSource, ItemSource
+from ember.capture.values.base import ConstantValue, Value
+from ember.capture.values.functions import BoundMethodValue, UserFunctionValue
+from ember.errors import BreakReason, Unsupported
+
+if TYPE_CHECKING:
+    from ember.capture.codegen import Emitter
+    from ember.capture.translator import Translator
+
+
+def _class_attribute(tx: Translator, owner: Value, cls: type, name: str, source) -> Value:
+    """`owner.name` resolved on the class: methods bind, properties run, constants wrap."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            attr = klass.__dict__[name]
+            break
+    else:
+        raise Unsupported(
+            BreakReason.EXCEPTION_RAISED,
+            f"{cls.__name__!r} object has no attribute {name!r}",
+        )
+    if isinstance(attr, types.FunctionType):
+        return BoundMethodValue(UserFunctionValue(attr), owner)
+    if isinstance(attr, property) and isinstance(attr.fget, types.FunctionType):
+        return UserFunctionValue(attr.fget).call(tx, [owner], {})
+    if isinstance(attr, staticmethod):
+        return tx.ctx.builder.wrap_const(attr.__func__)
+    if isinstance(attr, classmethod):
+        return BoundMethodValue(UserFunctionValue(attr.__func__), tx.ctx.builder.wrap_const(cls))
+    if hasattr(attr, "__get__") and not isinstance(attr, (type, types.BuiltinFunctionType)):
+        if isinstance(attr, (types.WrapperDescriptorType, types.MethodDescriptorType)):
+            return BuiltinMethodValue(attr, owner)
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_ATTRIBUTE,
+            f"descriptor {name!r} of {cls.__name__} ({type(attr).__name__})",
+        )
+    if source is not None:
+        return tx.ctx.builder.wrap(attr, AttrSource(source, name))
+    return tx.ctx.builder.wrap_const(attr)
+
+
+class BuiltinMethodValue(Value):
+    """A C-level method of a user object's base class, e.g. `object.__init__`."""
+
+    def __init__(self, descriptor: Any, owner: Value) -> None:
+        self.descriptor = descriptor
+        self.owner = owner
+
+    def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        if self.descriptor is object.__init__ and not args and not kwargs:
+            return ConstantValue(None)
+        raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"builtin method {self.descriptor!r}")
+
+
+class ModuleValue(Value):
+    """An nn.Module reached from the frame; its forward is inlined."""
+
+    def __init__(self, module: torch.nn.Module, source) -> None:
+        self.module = module
+        self.source = source
+
+    def describe(self) -> str:
+        return f"module {type(self.module).__name__}"
+
+    def python_type(self) -> type:
+        return type(self.module)
+
+    def truth(self, tx: Translator) -> bool:
+        return True
+
+    def getattr(self, tx: Translator, name: str) -> Value:
+        pending = tx.ctx.effects.load_attr(self, name)
+        if pending is not None:
+            return pending
+        m, builder, src = self.module, tx.ctx.builder, self.source
+        for table in ("_parameters", "_buffers", "_modules"):
+            entries = m.__dict__.get(table, {})
+            if name in entries:
+                return builder.wrap(entries[name], AttrSource(src, name))
+        if name in m.__dict__:
+            return builder.wrap(m.__dict__[name], AttrSource(src, name))
+        return _class_attribute(tx, self, type(m), name, src)
+
+    def setattr(self, tx: Translator, name: str, value: Value) -> None:
+        tx.ctx.effects.store_attr(self, name, value)
+
+    def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        from ember.capture.guards import GuardKind
+
+        m = self.module
+        hooks = torch.nn.modules.module
+        if (
+            m._forward_hooks
+            or m._forward_pre_hooks
+            or hooks._global_forward_hooks
+            or hooks._global_forward_pre_hooks
+        ):
+            raise Unsupported(
+                BreakReason.UNSUPPORTED_CALL,
+                f"{self.describe()} has forward hooks",
+                hint="remove the hooks or compile the module without them",
+            )
+        tx.ctx.guards.add(GuardKind.NO_HOOKS, self.source)
+        return self.getattr(tx, "forward").call(tx, args, kwargs)
+
+    def _children(self) -> list[tuple[Any, torch.nn.Module]]:
+        m = self.module
+        if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)):
+            return list(enumerate(m))
+        if isinstance(m, torch.nn.ModuleDict):
+            return list(m.items())
+        raise Unsupported(BreakReason.DYNAMIC_CONTROL_FLOW, f"iterating {self.describe()}")
+
+    def iterate(self, tx: Translator) -> list[Value]:
+        if isinstance(self.module, torch.nn.ModuleDict):
+            return [ConstantValue(k) for k, _ in self._children()]
+        return [tx.ctx.builder.wrap(c, ItemSource(self.source, k)) for k, c in self._children()]
+
+    def length(self, tx: Translator) -> int:
+        return len(self._children())
+
+    def getitem(self, tx: Translator, key: Value) -> Value:
+        k = key.as_constant()
+        children = dict(self._children())
+        if isinstance(k, int) and k < 0:
+            k += len(children)
+        if k not in children:
+            raise Unsupported(BreakReason.UNSUPPORTED_OPERATOR, f"{self.describe()}[{k!r}]")
+        return tx.ctx.builder.wrap(children[k], ItemSource(self.source, k))
+
+    def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
+        return self.getattr(tx, name).call(tx, args, kwargs)
+
+
+class UserObjectValue(Value):
+    """An instance of a Python class: existing (with a source) or created during capture."""
+
+    def __init__(self, cls: type, source=None, obj: Any = None) -> None:
+        self.cls = cls
+        self.source = source
+        self.obj = obj
+        self.attrs: dict[str, Value] = {}  # attributes of an object created during capture
+
+    @property
+    def is_new(self) -> bool:
+        return self.source is None
+
+    def describe(self) -> str:
+        return f"{self.cls.__name__} object"
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def truth(self, tx: Translator) -> bool:
+        if "__bool__" in dir(self.cls) or "__len__" in dir(self.cls):
+            method = "__bool__" if "__bool__" in dir(self.cls) else "__len__"
+            return self.getattr(tx, method).call(tx, [], {}).truth(tx)
+        return True
+
+    def getattr(self, tx: Translator, name: str) -> Value:
+        if self.is_new:
+            if name in self.attrs:
+                return self.attrs[name]
+            return _class_attribute(tx, self, self.cls, name, None)
+        pending = tx.ctx.effects.load_attr(self, name)
+        if pending is not None:
+            return pending
+        instance_dict = getattr(self.obj, "__dict__", {})
+        if name in instance_dict:
+            return tx.ctx.builder.wrap(instance_dict[name], AttrSource(self.source, name))
+        return _class_attribute(tx, self, self.cls, name, self.source)
+
+    def setattr(self, tx: Translator, name: str, value: Value) -> None:
+        if self.is_new:
+            self.attrs[name] = value
+        else:
+            tx.ctx.effects.store_attr(self, name, value)
+
+    def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
+        return self.getattr(tx, name).call(tx, args, kwargs)
+
+    def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        return self.getattr(tx, "__call__").call(tx, args, kwargs)
+
+    def children(self) -> list[Value]:
+        return list(self.attrs.values())
+
+    def reconstruct(self, em: Emitter) -> None:
+        if not self.is_new:
+            return super().reconstruct(em)
+        em.cg.push_null()
+        em.cg.load_const(rebuild_object)
+        em.cg.load_const(self.cls)
+        for name, value in self.attrs.items():
+            em.cg.load_const(name)
+            em.reconstruct(value)
+        em.cg.build("MAP", len(self.attrs))
+        em.cg.call(2)
+
+
+def rebuild_object(cls: type, attrs: dict[str, Any]) -> Any:
+    """Run-time half of reconstructing an object made during capture (no __init__ rerun:
+    the captured __init__'s effects are exactly `attrs`)."""
+    obj = cls.__new__(cls)
+    obj.__dict__.update(attrs)
+    return obj
+
+
+class ClassValue(Value):
+    """A class: calling it constructs (namedtuples, dataclasses, plain Python classes)."""
+
+    def __init__(self, cls: type, source=None) -> None:
+        self.cls = cls
+        self.source = source
+
+    def describe(self) -> str:
+        return f"class {self.cls.__qualname__}"
+
+    def python_type(self) -> type:
+        return type(self.cls)
+
+    def is_constant(self) -> bool:
+        return True
+
+    def as_constant(self) -> Any:
+        return self.cls
+
+    def getattr(self, tx: Translator, name: str) -> Value:
+        if name in ("__name__", "__qualname__", "__module__"):
+            return ConstantValue(getattr(self.cls, name))
+        for klass in self.cls.__mro__:
+            if name in klass.__dict__:
+                attr = klass.__dict__[name]
+                if isinstance(attr, classmethod):
+                    return BoundMethodValue(UserFunctionValue(attr.__func__), self)
+                if isinstance(attr, staticmethod):
+                    return tx.ctx.builder.wrap_const(attr.__func__)
+                break
+        return tx.ctx.builder.wrap_const(getattr(self.cls, name))
+
+    def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        from ember.capture.values.containers import TupleValue
+
+        cls = self.cls
+        if issubclass(cls, tuple) and hasattr(cls, "_fields"):
+            fields = cls._fields
+            values = dict(zip(fields, args))
+            values.update(kwargs)
+            defaults = getattr(cls, "_field_defaults", {})
+            items = [
+                values[f] if f in values else tx.ctx.builder.wrap_const(defaults[f]) for f in fields
+            ]
+            return TupleValue(items, struct_type=cls)
+        if issubclass(cls, BaseException):
+            raise Unsupported(BreakReason.EXCEPTION_RAISED, f"constructing {cls.__name__}")
+        if issubclass(cls, torch.nn.Module):
+            raise Unsupported(
+                BreakReason.UNSUPPORTED_CALL, f"creating module {cls.__name__} inside the trace"
+            )
+        if cls.__new__ is not object.__new__ or not isinstance(cls.__init__, types.FunctionType):
+            if cls.__init__ is not object.__init__:
+                raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"constructing {cls.__qualname__}")
+        obj = UserObjectValue(cls)
+        if cls.__init__ is not object.__init__:
+            UserFunctionValue(cls.__init__).call(tx, [obj, *args], kwargs)
+        elif args or kwargs:
+            raise Unsupported(BreakReason.EXCEPTION_RAISED, f"{cls.__name__}() takes no arguments")
+        return obj
+
+
+class PyModuleValue(Value):
+    """A Python module (`torch`, `F`, `math`, a user module): attribute reads are resolved
+    at trace time; functions of non-torch modules get an identity guard."""
+
+    def __init__(self, module: types.ModuleType, source=None) -> None:
+        self.module = module
+        self.source = source
+
+    def describe(self) -> str:
+        return f"module {self.module.__name__}"
+
+    def python_type(self) -> type:
+        return types.ModuleType
+
+    def getattr(self, tx: Translator, name: str) -> Value:
+        try:
+            attr = getattr(self.module, name)
+        except AttributeError as exc:
+            raise Unsupported(
+                BreakReason.EXCEPTION_RAISED, f"module {self.module.__name__} has no {name!r}"
+            ) from exc
+        if self.module.__name__.split(".")[0] in ("torch", "math", "operator", "functools"):
+            return tx.ctx.builder.wrap_const(attr)
+        if self.source is not None:
+            return tx.ctx.builder.wrap(attr, AttrSource(self.source, name))
+        return tx.ctx.builder.wrap_const(attr)
+
+
+class CellValue:
+    """A cell made in the frame (a local captured by a nested function or lambda)."""
+
+    def __init__(self, contents: Value | None = None) -> None:
+        self.contents = contents
+
+    def load(self, tx: Translator) -> Value:
+        if self.contents is None:
+            raise Unsupported(BreakReason.EXCEPTION_RAISED, "free variable read before assignment")
+        return self.contents
+
+    def store(self, tx: Translator, value: Value) -> None:
+        self.contents = value
+
+
+class GradModeValue(Value):
+    """`torch.no_grad()`, `torch.enable_grad()`, `torch.set_grad_enabled(mode)`."""
+
+    def __init__(self, enabled: bool, restore_to: bool | None = None) -> None:
+        self.enabled = enabled
+        self.restore_to = restore_to
+        self.saved: list[bool] = []
+
+    def describe(self) -> str:
+        return f"grad mode context (enabled={self.enabled})"
+
+    def enter(self, tx: Translator) -> Value:
+        self.saved.append(torch.is_grad_enabled() if self.restore_to is None else self.restore_to)
+        tx.set_grad_enabled(self.enabled)
+        return ConstantValue(None)
+
+    def exit(self, tx: Translator) -> Value:
+        tx.set_grad_enabled(self.saved.pop())
+        return ConstantValue(None)
+
+
+class SuperValue(Value):
+    """`super()` / `super(cls, obj)`: attribute lookup starts after `cls` in obj's MRO."""
+
+    def __init__(self, cls: type, obj: Value) -> None:
+        self.cls = cls
+        self.obj = obj
+
+    def getattr(self, tx: Translator, name: str) -> Value:
+        mro = self.obj.python_type().__mro__
+        for klass in mro[mro.index(self.cls) + 1 :]:
+            if name in klass.__dict__:
+                attr = klass.__dict__[name]
+                if isinstance(attr, types.FunctionType):
+                    return BoundMethodValue(UserFunctionValue(attr), self.obj)
+                if attr is object.__init__ or attr is torch.nn.Module.__init__:
+                    return BuiltinMethodValue(object.__init__, self.obj)
+                if isinstance(attr, property):
+                    return UserFunctionValue(attr.fget).call(tx, [self.obj], {})
+                break
+        raise Unsupported(BreakReason.UNSUPPORTED_ATTRIBUTE, f"super().{name}")
+
+
+def is_dataclass_instance(obj: Any) -> bool:
+    return dataclasses.is_dataclass(obj) and not isinstance(obj, type)

@@ -1,0 +1,258 @@
+"""Tensors during capture: an fx node plus a fake example carrying dtype, shape, stride,
+device and requires_grad; and the one path by which any torch call becomes a graph node.
+
+`tensor_op` runs the call on the fake examples (so shapes and errors are exactly PyTorch's),
+then records a node whose arguments are the same values in graph form. Results that are plain
+Python values (sizes, flags) become constants and leave no node behind.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+)
+
+from ember.capture.values.base import ConstantValue, Value
+from ember.errors import BreakReason, Unsupported
+
+if TYPE_CHECKING:
+    from ember.capture.codegen import Emitter
+    from ember.capture.translator import Translator
+
+# Attributes whose value is fixed by the tensor's metadata (pinned by the tensor guard).
+_META_ATTRS = frozenset(
+    [
+        "shape",
+        "dtype",
+        "device",
+        "ndim",
+        "requires_grad",
+        "is_cuda",
+        "layout",
+        "is_leaf",
+        "is_sparse",
+        "is_quantized",
+        "is_meta",
+        "is_cpu",
+        "is_mps",
+        "itemsize",
+        "nbytes",
+    ]
+)
+# Attributes that are tensors: recorded as getattr nodes.
+_TENSOR_ATTRS = frozenset(["T", "mT", "H", "mH", "real", "imag", "data"])
+# Methods whose result is fixed by metadata.
+_META_METHODS = frozenset(
+    [
+        "size",
+        "dim",
+        "ndimension",
+        "numel",
+        "nelement",
+        "stride",
+        "is_contiguous",
+        "element_size",
+        "is_floating_point",
+        "is_complex",
+        "get_device",
+        "is_signed",
+        "storage_offset",
+        "has_names",
+    ]
+)
+# Methods that hand tensor data to Python: the graph must end before them.
+_TO_PYTHON = frozenset(
+    [
+        "item",
+        "tolist",
+        "numpy",
+        "__bool__",
+        "__int__",
+        "__float__",
+        "__index__",
+        "__len__",
+        "cpu_data",
+    ]
+)
+_REFUSED = {
+    "backward": "calling backward() inside a compiled region",
+    "register_hook": "tensor hooks",
+    "retain_grad": "retain_grad()",
+    "data_ptr": "data pointers",
+    "untyped_storage": "storage access",
+}
+
+
+class TensorValue(Value):
+    def __init__(self, node: torch.fx.Node, example: torch.Tensor, source=None) -> None:
+        self.node = node
+        self.example = example
+        self.source = source
+        self.python_cls = torch.Tensor
+
+    def describe(self) -> str:
+        shape = "x".join(str(s) for s in self.example.shape)
+        return (
+            f"tensor {self.node.name} ({str(self.example.dtype).removeprefix('torch.')}[{shape}])"
+        )
+
+    def python_type(self) -> type:
+        return self.python_cls
+
+    def truth(self, tx: Translator) -> bool:
+        raise Unsupported(
+            BreakReason.DATA_DEPENDENT_BRANCH,
+            f"branching on the value of {self.describe()}",
+            hint="use torch.where, or move the branch outside the compiled function",
+        )
+
+    def getattr(self, tx: Translator, name: str) -> Value:
+        from ember.capture.values.functions import MethodValue
+
+        if name in _META_ATTRS:
+            return ConstantValue(getattr(self.example, name))
+        if name in _TENSOR_ATTRS:
+            return tensor_op(tx, "call_function", getattr, [self, ConstantValue(name)], {})
+        if name == "grad":
+            raise Unsupported(BreakReason.UNSUPPORTED_ATTRIBUTE, "reading .grad of a tensor")
+        if callable(getattr(torch.Tensor, name, None)):
+            return MethodValue(self, name)
+        raise Unsupported(BreakReason.UNSUPPORTED_ATTRIBUTE, f"tensor attribute {name!r}")
+
+    def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
+        if name in _META_METHODS:
+            from ember.capture.values.base import constants
+
+            kw = {k: v.as_constant() for k, v in kwargs.items()}
+            result = getattr(self.example, name)(*constants(args), **kw)
+            return ConstantValue(tuple(result) if isinstance(result, torch.Size) else result)
+        if name in _TO_PYTHON:
+            raise Unsupported(
+                BreakReason.TENSOR_TO_PYTHON,
+                f"Tensor.{name}() on {self.describe()} needs the tensor's data in Python",
+                hint="keep the value as a tensor, or move this outside the compiled function",
+            )
+        if name in _REFUSED:
+            raise Unsupported(BreakReason.UNSUPPORTED_CALL, _REFUSED[name])
+        return tensor_op(tx, "call_method", name, [self, *args], kwargs)
+
+    def length(self, tx: Translator) -> int:
+        if self.example.dim() == 0:
+            raise Unsupported(BreakReason.EXCEPTION_RAISED, "len() of a 0-d tensor")
+        return self.example.shape[0]
+
+    def iterate(self, tx: Translator) -> list[Value]:
+        return [
+            tensor_op(tx, "call_function", operator.getitem, [self, ConstantValue(i)], {})
+            for i in range(self.length(tx))
+        ]
+
+    def getitem(self, tx: Translator, key: Value) -> Value:
+        return tensor_op(tx, "call_function", operator.getitem, [self, key], {})
+
+    def setitem(self, tx: Translator, key: Value, value: Value) -> None:
+        tensor_op(tx, "call_function", operator.setitem, [self, key, value], {})
+
+    def reconstruct(self, em: Emitter) -> None:
+        em.load_tensor(self)
+
+
+def graph_arg(value: Value) -> Any:
+    """The value as an fx node argument: tensors become their nodes."""
+    from ember.capture.values.containers import SequenceValue, SliceValue
+
+    if isinstance(value, TensorValue):
+        return value.node
+    if isinstance(value, SequenceValue):
+        items = [graph_arg(v) for v in value.items]
+        return items if value.python_type() is list else tuple(items)
+    if isinstance(value, SliceValue):
+        return slice(*(graph_arg(v) for v in value.parts))
+    if value.is_constant():
+        return value.as_constant()
+    raise Unsupported(
+        BreakReason.UNSUPPORTED_OBJECT, f"{value.describe()} passed to a tensor operation"
+    )
+
+
+def example_arg(value: Value) -> Any:
+    """The value with tensors replaced by their fake examples."""
+    from ember.capture.values.containers import SequenceValue, SliceValue
+
+    if isinstance(value, TensorValue):
+        return value.example
+    if isinstance(value, SequenceValue):
+        items = [example_arg(v) for v in value.items]
+        return items if value.python_type() is list else tuple(items)
+    if isinstance(value, SliceValue):
+        return slice(*(example_arg(v) for v in value.parts))
+    return value.as_constant()
+
+
+def _run_fake(tx: Translator, kind: str, target: Any, args: list, kwargs: dict) -> Any:
+    with tx.ctx.fake_mode:
+        if kind == "call_method":
+            return getattr(args[0], target)(*args[1:], **kwargs)
+        return target(*args, **kwargs)
+
+
+def tensor_op(
+    tx: Translator, kind: str, target: Any, args: list[Value], kwargs: dict[str, Value]
+) -> Value:
+    """Record a torch call as a graph node and return the symbolic result."""
+    ex_args = [example_arg(a) for a in args]
+    ex_kwargs = {k: example_arg(v) for k, v in kwargs.items()}
+    name = target if isinstance(target, str) else getattr(target, "__name__", repr(target))
+    try:
+        result = _run_fake(tx, kind, target, ex_args, ex_kwargs)
+    except (DataDependentOutputException, DynamicOutputShapeException) as exc:
+        raise Unsupported(
+            BreakReason.DATA_DEPENDENT_OP,
+            f"{name}: output depends on tensor values ({type(exc).__name__})",
+            hint="ember specializes on static shapes; move this op outside the compiled region",
+        ) from exc
+    except Unsupported:
+        raise
+    except Exception as exc:
+        raise Unsupported(
+            BreakReason.TENSOR_OP_FAILED, f"{name} raised {type(exc).__name__}: {exc}"
+        ) from exc
+    node_args = tuple(graph_arg(a) for a in args)
+    node_kwargs = {k: graph_arg(v) for k, v in kwargs.items()}
+    node = tx.ctx.out.create_node(kind, target, node_args, node_kwargs)
+    return wrap_result(tx, node, result)
+
+
+def wrap_result(tx: Translator, node: torch.fx.Node, result: Any) -> Value:
+    """Symbolic value for a node's fake result (tensors, tuples of tensors, or constants)."""
+    from ember.capture.values.containers import TupleValue
+
+    if isinstance(result, torch.Tensor):
+        node.meta["example_value"] = result
+        return TensorValue(node, result)
+    if isinstance(result, (tuple, list)) and any(isinstance(r, torch.Tensor) for r in result):
+        node.meta["example_value"] = result
+        items = []
+        for i, item in enumerate(result):
+            if isinstance(item, torch.Tensor):
+                sub = tx.ctx.out.create_node("call_function", operator.getitem, (node, i), {})
+                sub.meta["example_value"] = item
+                items.append(TensorValue(sub, item))
+            else:
+                items.append(ConstantValue(item))
+        struct = type(result) if isinstance(result, tuple) and type(result) is not tuple else None
+        if isinstance(result, list):
+            from ember.capture.values.containers import ListValue
+
+            return ListValue(items)
+        return TupleValue(items, struct_type=struct)
+    if result is not None:  # a None result is kept: the call was made for its effect
+        tx.ctx.out.erase_node(node)
+    if isinstance(result, torch.Size):
+        result = tuple(result)
+    return ConstantValue(result)
