@@ -61,7 +61,7 @@ def decode(code: types.CodeType) -> list[Inst]:
             op = Op.LOAD_METHOD
         elif ins.opname == "LOAD_SUPER_ATTR":
             push_null = bool(ins.arg & 1)
-        elif ins.opname == "COMPARE_OP":
-            argval = ins.argval
+        elif ins.opname == "KW_NAMES":
+            argval = code.co_consts[ins.arg]  # 3.11's dis leaves it unresolved
         out.append(Inst(op, ins.opname, ins.arg, argval, ins.offset, i, line, target, push_null))
     return out

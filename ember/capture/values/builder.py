@@ -53,6 +53,7 @@ _CONSTANT_TYPES = (
     torch.memory_format,
     range,
     torch.Size,
+    types.CodeType,
 )
 
 

@@ -41,6 +41,10 @@ _META_ATTRS = frozenset(
         "is_cpu",
         "is_mps",
         "itemsize",
+        "is_nested",
+        "is_mkldnn",
+        "is_sparse_csr",
+        "is_inference",
         "nbytes",
     ]
 )

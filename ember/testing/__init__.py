@@ -1,0 +1,82 @@
+"""Test helpers: a counting backend and differential checks against eager PyTorch."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+class CompileCounter:
+    """A backend that counts captures and ops and runs the graph as torch code."""
+
+    def __init__(self) -> None:
+        self.frame_count = 0
+        self.op_count = 0
+        self.graphs: list[torch.fx.GraphModule] = []
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
+        self.frame_count += 1
+        self.graphs.append(gm)
+        self.op_count += sum(n.op in ("call_function", "call_method") for n in gm.graph.nodes)
+        return gm.forward
+
+    def clear(self) -> None:
+        self.frame_count = 0
+        self.op_count = 0
+        self.graphs.clear()
+
+
+def assert_same(
+    actual: Any, expected: Any, *, rtol: float = 1e-5, atol: float = 1e-6, path: str = "result"
+) -> None:
+    """Structural equality; tensors compared by dtype, shape, stride-free values."""
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor), f"{path}: expected a tensor, got {actual!r}"
+        assert actual.dtype == expected.dtype, f"{path}: dtype {actual.dtype} != {expected.dtype}"
+        assert actual.shape == expected.shape, f"{path}: shape {actual.shape} != {expected.shape}"
+        assert actual.requires_grad == expected.requires_grad, f"{path}: requires_grad differs"
+        torch.testing.assert_close(
+            actual, expected, rtol=rtol, atol=atol, equal_nan=True, msg=lambda m: f"{path}: {m}"
+        )
+        return
+    assert type(actual) is type(expected), f"{path}: type {type(actual)} != {type(expected)}"
+    if isinstance(expected, (list, tuple)):
+        assert len(actual) == len(expected), f"{path}: length {len(actual)} != {len(expected)}"
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            assert_same(a, e, rtol=rtol, atol=atol, path=f"{path}[{i}]")
+    elif isinstance(expected, dict):
+        assert list(actual) == list(expected), f"{path}: keys {list(actual)} != {list(expected)}"
+        for k in expected:
+            assert_same(actual[k], expected[k], rtol=rtol, atol=atol, path=f"{path}[{k!r}]")
+    elif hasattr(expected, "__dict__") and not isinstance(expected, type):
+        assert_same(vars(actual), vars(expected), rtol=rtol, atol=atol, path=f"{path}.__dict__")
+    else:
+        assert actual == expected, f"{path}: {actual!r} != {expected!r}"
+
+
+def check_against_eager(
+    fn: Callable,
+    *args: Any,
+    backend: Any = "eager",
+    runs: int = 2,
+    fullgraph: bool = True,
+    **kwargs: Any,
+) -> Any:
+    """Run fn eagerly and compiled on copies of the same inputs, `runs` times (so the cache
+    path runs too); compare results and the inputs afterwards (mutations)."""
+    import ember
+
+    compiled = ember.compile(fn, backend=backend, fullgraph=fullgraph)
+    result = None
+    for _ in range(runs):
+        eager_args, eager_kwargs = copy.deepcopy((args, kwargs))
+        comp_args, comp_kwargs = copy.deepcopy((args, kwargs))
+        expected = fn(*eager_args, **eager_kwargs)
+        result = compiled(*comp_args, **comp_kwargs)
+        assert_same(result, expected)
+        assert_same(comp_args, eager_args, path="args after call")
+        assert_same(comp_kwargs, eager_kwargs, path="kwargs after call")
+    return result
