@@ -63,12 +63,20 @@ def check_against_eager(
     backend: Any = "eager",
     runs: int = 2,
     fullgraph: bool = True,
+    frames: int | None = None,
     **kwargs: Any,
 ) -> Any:
     """Run fn eagerly and compiled on copies of the same inputs, `runs` times (so the cache
-    path runs too); compare results and the inputs afterwards (mutations)."""
+    path runs too); compare results and the inputs afterwards (mutations).
+
+    With `frames`, a counting backend checks that exactly that many graphs were compiled
+    over all runs (1 for a function captured whole: the later runs must hit the cache)."""
     import ember
 
+    counter = None
+    if frames is not None:
+        counter = CompileCounter()
+        backend = counter
     compiled = ember.compile(fn, backend=backend, fullgraph=fullgraph)
     result = None
     for _ in range(runs):
@@ -79,4 +87,8 @@ def check_against_eager(
         assert_same(result, expected)
         assert_same(comp_args, eager_args, path="args after call")
         assert_same(comp_kwargs, eager_kwargs, path="kwargs after call")
+    if counter is not None:
+        assert counter.frame_count == frames, (
+            f"expected {frames} compiled graph(s), the backend saw {counter.frame_count}"
+        )
     return result
