@@ -1,0 +1,37 @@
+"""ember's CPU backend: `torch.compile(model, backend=ember.backend)`.
+
+The package itself is callable (torch.compile's backend protocol); calling it is
+`compile_graph(gm, example_inputs)`: ember's AOT layer traces the torch-level graph to a
+functional aten graph and hands it to `compile_aten` (see compile.py for the pipeline).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def compile_aten(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """Compile one functional aten graph (flat tensor inputs, tuple output)."""
+    from ember.backend.compile import compile_aten as impl
+
+    return impl(gm, example_inputs)
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """The backend: torch-level fx graph -> callable, via ember's AOT tracer."""
+    from ember.aot import aot_compile
+
+    return aot_compile(gm, example_inputs, compile_aten)
+
+
+class _CallableModule(types.ModuleType):
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        return compile_graph(gm, example_inputs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,91 @@
+"""The graph cache: everything needed to rebuild a compiled graph without lowering it again.
+
+Keyed by the aten graph's code, the input metadata, the config, ember's version and the
+backend's own source (so a changed backend never reuses stale artifacts). An entry stores
+the C++ module and the wrapper source; the C++ itself goes through the kernel cache, so a
+fresh process that hits both runs neither lowering nor g++. Entries are checksummed and
+written atomically; unreadable or corrupt entries count as misses and are overwritten.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ember import config
+from ember.backend.codegen.build import atomic_write, compiler_id
+
+FORMAT = 1
+EMBER_VERSION = "0.1.0"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Artifact:
+    cpp: str
+    wrapper: str
+    kernels: dict[str, int]  # kernel name -> pointer argument count
+    cacheable: bool = True
+    ir_text: str = ""  # the loop IR and schedule, for logs and tests (not cached)
+
+
+@functools.cache
+def _backend_digest() -> str:
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*.py")):
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def _input_meta(t: Any) -> str:
+    if isinstance(t, torch.Tensor):
+        return f"T{tuple(t.shape)}{tuple(t.stride())}{t.dtype}{t.device}"
+    return f"V{type(t).__name__}:{t!r}"
+
+
+def graph_key(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> str:
+    cfg = dataclasses.asdict(config.current())
+    cfg.pop("cache_dir", None)
+    parts = [
+        gm.code,
+        "|".join(_input_meta(t) for t in example_inputs),
+        json.dumps(cfg, sort_keys=True, default=str),
+        EMBER_VERSION,
+        torch.__version__,
+        _backend_digest(),
+        compiler_id(),
+    ]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _path(key: str) -> Path:
+    return Path(config.current().cache_dir) / "graphs" / key[:2] / f"{key}.json"
+
+
+def load(key: str) -> Artifact | None:
+    """The cached artifact, or None when missing, truncated or corrupt."""
+    try:
+        raw = _path(key).read_bytes()
+        digest, _, payload = raw.partition(b"\n")
+        if hashlib.sha256(payload).hexdigest().encode() != digest:
+            return None
+        data = json.loads(payload)
+        if data.get("format") != FORMAT:
+            return None
+        return Artifact(data["cpp"], data["wrapper"], dict(data["kernels"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def store(key: str, art: Artifact) -> None:
+    payload = json.dumps(
+        {"format": FORMAT, "cpp": art.cpp, "wrapper": art.wrapper, "kernels": art.kernels}
+    ).encode()
+    digest = hashlib.sha256(payload).hexdigest().encode()
+    atomic_write(_path(key), digest + b"\n" + payload)

@@ -1,0 +1,355 @@
+"""C++ source for scheduled kernels: OpenMP over the outer space, SIMD inner loops.
+
+One `extern "C"` function per kernel, taking one pointer per buffer it reads or writes.
+Reductions accumulate in 16 lanes (a vector register) per inner loop and combine at the end,
+so max/min keep eager's NaN propagation without relying on OpenMP's reduction clauses.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ember.backend import indexing
+from ember.backend.ir import nodes as ir
+from ember.backend.ir.nodes import BinaryOp as B
+from ember.backend.ir.nodes import DType, ReductionType
+from ember.backend.ir.nodes import UnaryOp as U
+from ember.backend.scheduler.fusion import Kernel, Loop
+
+LANES = 16
+PARALLEL_MIN_WORK = 32768  # elements per kernel below which threads cost more than they save
+
+VALUE_T = {
+    DType.F32: "float",
+    DType.F64: "double",
+    DType.BF16: "float",
+    DType.I64: "int64_t",
+    DType.I32: "int32_t",
+    DType.I8: "int8_t",
+    DType.U8: "uint8_t",
+    DType.BOOL: "bool",
+}
+STORAGE_T = {**VALUE_T, DType.BF16: "ember_bf16"}
+
+_FLOAT_FN = {  # op -> (float spelling, double spelling)
+    U.EXP: ("ember_expf({})", "exp({})"),
+    U.LOG: ("ember_logf({})", "log({})"),
+    U.TANH: ("ember_tanhf({})", "tanh({})"),
+    U.ERF: ("ember_erff({})", "erf({})"),
+    U.SIGMOID: ("ember_sigmoidf({})", "(1.0 / (1.0 + exp(-{})))"),
+    U.SQRT: ("__builtin_sqrtf({})", "__builtin_sqrt({})"),
+    U.RSQRT: ("(1.0f / __builtin_sqrtf({}))", "(1.0 / __builtin_sqrt({}))"),
+    U.EXPM1: ("expm1f({})", "expm1({})"),
+    U.LOG1P: ("log1pf({})", "log1p({})"),
+    U.SIN: ("sinf({})", "sin({})"),
+    U.COS: ("cosf({})", "cos({})"),
+    U.FLOOR: ("__builtin_floorf({})", "__builtin_floor({})"),
+    U.CEIL: ("__builtin_ceilf({})", "__builtin_ceil({})"),
+    U.TRUNC: ("__builtin_truncf({})", "__builtin_trunc({})"),
+    U.ROUND: ("__builtin_rintf({})", "__builtin_rint({})"),
+    U.ABS: ("__builtin_fabsf({})", "__builtin_fabs({})"),
+    U.ISINF: ("(__builtin_fabsf({}) == INFINITY)", "(__builtin_fabs({}) == INFINITY)"),
+}
+_INFIX = {
+    B.ADD: "+",
+    B.SUB: "-",
+    B.MUL: "*",
+    B.DIV: "/",
+    B.EQ: "==",
+    B.NE: "!=",
+    B.LT: "<",
+    B.LE: "<=",
+    B.GT: ">",
+    B.GE: ">=",
+    B.LOGICAL_AND: "&&",
+    B.LOGICAL_OR: "||",
+    B.LOGICAL_XOR: "!=",
+    B.BITWISE_AND: "&",
+    B.BITWISE_OR: "|",
+    B.BITWISE_XOR: "^",
+}
+
+
+def const_c(value, dtype: DType) -> str:
+    if dtype.is_float:
+        t = VALUE_T[dtype]
+        v = float(value)
+        if math.isnan(v):
+            return f"(({t})NAN)"
+        if math.isinf(v):
+            return f"(({t}){'-' if v < 0 else ''}INFINITY)"
+        return f"(({t}){v.hex()})"
+    if dtype == DType.BOOL:
+        return "true" if value else "false"
+    return f"(({VALUE_T[dtype]}){int(value)}LL)"
+
+
+def _unary(op: U, x: str, d: DType, src: DType) -> str:
+    if op in _FLOAT_FN and src.is_float:
+        return _FLOAT_FN[op][1 if src == DType.F64 else 0].format(x)
+    t = VALUE_T[d]
+    simple = {
+        U.NEG: f"(-{x})",
+        U.RECIPROCAL: f"(({t})1 / {x})",
+        U.RELU: f"({x} < 0 ? ({t})0 : {x})",
+        U.ISNAN: f"({x} != {x})",
+        U.LOGICAL_NOT: f"(!{x})",
+        U.BITWISE_NOT: f"(!{x})" if d == DType.BOOL else f"(~{x})",
+        U.SIGN: f"({x} != {x} ? {x} : ({t})(({x} > 0) - ({x} < 0)))",
+        U.ABS: f"({x} < 0 ? -{x} : {x})",
+        U.ISINF: "false",
+    }
+    if op in simple:
+        return simple[op]
+    if op in (U.FLOOR, U.CEIL, U.TRUNC, U.ROUND):
+        return x  # integers are already integral
+    raise NotImplementedError(f"{op} on {src}")
+
+
+def _binary(op: B, a: str, b: str, src: DType) -> str:
+    if op in _INFIX:
+        return f"({a} {_INFIX[op]} {b})"
+    if op == B.MAXIMUM:
+        return f"ember_max({a}, {b})"
+    if op == B.MINIMUM:
+        return f"ember_min({a}, {b})"
+    if op == B.POW:
+        return f"powf({a}, {b})" if src != DType.F64 else f"pow({a}, {b})"
+    if op == B.ATAN2:
+        return f"atan2f({a}, {b})" if src != DType.F64 else f"atan2({a}, {b})"
+    raise NotImplementedError(str(op))
+
+
+def _cast(x: str, src: DType, dst: DType) -> str:
+    if dst == DType.BF16:
+        return f"ember_round_bf16((float)({x}))"
+    if dst == DType.BOOL:
+        return f"({x} != 0)"
+    return f"(({VALUE_T[dst]})({x}))"
+
+
+class BodyPrinter:
+    """Prints expressions as C statements with common subexpressions computed once."""
+
+    def __init__(self, lines: list[str], indent: str, scalars: dict[str, str]) -> None:
+        self.lines = lines
+        self.indent = indent
+        self.scalars = scalars  # buffer -> C variable holding its value at this point
+        self.memo: dict[ir.Expr, str] = {}
+        self.count = 0
+
+    def value(self, e: ir.Expr) -> str:
+        if isinstance(e, ir.Const):
+            return const_c(e.value, e.dtype)
+        if isinstance(e, ir.Load) and e.buffer in self.scalars:
+            return self.scalars[e.buffer]
+        hit = self.memo.get(e)
+        if hit is not None:
+            return hit
+        text = self._text(e)
+        name = f"t{self.count}"
+        self.count += 1
+        self.lines.append(f"{self.indent}const {VALUE_T[e.dtype]} {name} = {text};")
+        self.memo[e] = name
+        return name
+
+    def _text(self, e: ir.Expr) -> str:
+        if isinstance(e, ir.Load):
+            ref = f"{e.buffer}[{indexing.to_c(e.index)}]"
+            return f"ember_bf16_to_f32({ref})" if e.dtype == DType.BF16 else ref
+        if isinstance(e, ir.IndexValue):
+            return f"(({VALUE_T[e.dtype]}){indexing.to_c(e.index)})"
+        if isinstance(e, ir.Unary):
+            return _unary(e.op, self.value(e.x), e.dtype, e.x.dtype)
+        if isinstance(e, ir.Binary):
+            return _binary(e.op, self.value(e.a), self.value(e.b), e.a.dtype)
+        if isinstance(e, ir.Where):
+            return f"({self.value(e.cond)} ? {self.value(e.a)} : {self.value(e.b)})"
+        if isinstance(e, ir.Cast):
+            return _cast(self.value(e.x), e.x.dtype, e.dtype)
+        raise TypeError(f"not an expression: {e!r}")
+
+
+def store_c(buf: str, index, value: str, dtype: DType) -> str:
+    v = f"ember_f32_to_bf16({value})" if dtype == DType.BF16 else value
+    return f"{buf}[{indexing.to_c(index)}] = {v};"
+
+
+_INIT = {
+    ReductionType.SUM: lambda d: const_c(0, d),
+    ReductionType.PROD: lambda d: const_c(1, d),
+    ReductionType.MAX: lambda d: const_c(-math.inf, d) if d.is_float else _limit(d, "min"),
+    ReductionType.MIN: lambda d: const_c(math.inf, d) if d.is_float else _limit(d, "max"),
+}
+_COMBINE = {
+    ReductionType.SUM: "({a} + {b})",
+    ReductionType.PROD: "({a} * {b})",
+    ReductionType.MAX: "ember_max({a}, {b})",
+    ReductionType.MIN: "ember_min({a}, {b})",
+}
+
+
+_INT_LIMITS = {
+    DType.I64: ("INT64_MIN", "INT64_MAX"),
+    DType.I32: ("INT32_MIN", "INT32_MAX"),
+    DType.I8: ("INT8_MIN", "INT8_MAX"),
+    DType.U8: ("0", "UINT8_MAX"),
+    DType.BOOL: ("false", "true"),
+}
+
+
+def _limit(d: DType, which: str) -> str:
+    return _INT_LIMITS[d][0 if which == "min" else 1]
+
+
+def acc_type(n: ir.Reduction) -> DType:
+    return DType.F32 if n.dtype == DType.BF16 else n.dtype
+
+
+def _prod(xs) -> int:
+    out = 1
+    for x in xs:
+        out *= x
+    return out
+
+
+class KernelWriter:
+    """Writes one kernel function; `scalars` maps buffers to in-register values in scope."""
+
+    def __init__(self, k: Kernel, buffers: dict[str, ir.Buffer]) -> None:
+        self.k = k
+        self.buffers = buffers
+        self.lines: list[str] = []
+
+    def params(self) -> list[str]:
+        """Buffers passed as pointers, in signature order (reads, then writes)."""
+        written = sorted(n.name for n in self.k.nodes() if n.name not in self.k.local)
+        read = set()
+        for n in self.k.nodes():
+            read |= ir.node_reads(n)
+        produced = {n.name for n in self.k.nodes()}
+        return sorted(read - produced) + written
+
+    def source(self) -> str:
+        k = self.k
+        params = self.params()
+        written = {n.name for n in k.nodes()}
+        sig = []
+        for b in params:
+            t = STORAGE_T[self.buffers[b].dtype]
+            sig.append(f"{'' if b in written else 'const '}{t}* __restrict__ {b}")
+        self.lines.append(f'extern "C" void {k.name}({", ".join(sig)}) {{')
+        work = _prod(k.outer) * max([_prod(lp.inner) for lp in k.loops] + [1])
+        par = f"if({work} >= {PARALLEL_MIN_WORK})"
+        n = len(k.outer)
+        pure = all(not lp.inner for lp in k.loops)
+        ind = "  "
+        if pure and n >= 1:
+            if n == 1:
+                self.lines.append(f"{ind}#pragma omp parallel for simd schedule(static) {par}")
+            else:
+                self.lines.append(f"{ind}#pragma omp parallel for collapse({n - 1}) {par}")
+            for i, s in enumerate(k.outer):
+                if i == n - 1 and n > 1:
+                    self.lines.append(f"{ind}#pragma omp simd")
+                self.lines.append(f"{ind}for (int64_t x{i} = 0; x{i} < {s}; ++x{i}) {{")
+                ind += "  "
+        else:
+            if n:
+                self.lines.append(f"{ind}#pragma omp parallel for collapse({n}) {par}")
+            for i, s in enumerate(k.outer):
+                self.lines.append(f"{ind}for (int64_t x{i} = 0; x{i} < {s}; ++x{i}) {{")
+                ind += "  "
+        scalars: dict[str, str] = {}
+        for lp in k.loops:
+            self._loop(lp, ind, scalars)
+        for _ in range(n + 1):
+            ind = ind[:-2]
+            self.lines.append(f"{ind}}}")
+        return "\n".join(self.lines)
+
+    def _statements(self, nodes, ind: str, scalars: dict[str, str], lane: str | None) -> None:
+        """Pointwise stores and reduction accumulations of one element."""
+        pr = BodyPrinter(self.lines, ind, dict(scalars))
+        for node in nodes:
+            v = pr.value(node.body)
+            if isinstance(node, ir.Pointwise):
+                if node.name not in self.k.local:
+                    self.lines.append(ind + store_c(node.name, node.index, v, node.dtype))
+                pr.scalars[node.name] = v
+            else:
+                acc = f"acc_{node.name}[{lane}]" if lane else f"red_{node.name}"
+                comb = _COMBINE[node.reduction_type].format(a=acc, b=v)
+                self.lines.append(f"{ind}{acc} = {comb};")
+
+    def _loop(self, lp: Loop, ind: str, scalars: dict[str, str]) -> None:
+        reds = [n for n in lp.nodes if isinstance(n, ir.Reduction)]
+        if not lp.inner:
+            for r in reds:
+                t = VALUE_T[acc_type(r)]
+                self.lines.append(
+                    f"{ind}{t} red_{r.name} = {_INIT[r.reduction_type](acc_type(r))};"
+                )
+            self.lines.append(f"{ind}{{")
+            self._statements(lp.nodes, ind + "  ", scalars, None)
+            self.lines.append(f"{ind}}}")
+        else:
+            for r in reds:
+                t, init = VALUE_T[acc_type(r)], _INIT[r.reduction_type](acc_type(r))
+                self.lines.append(f"{ind}{t} acc_{r.name}[{LANES}];")
+                self.lines.append(
+                    f"{ind}for (int l = 0; l < {LANES}; ++l) acc_{r.name}[l] = {init};"
+                )
+            self._inner(lp, ind, scalars, bool(reds))
+            for r in reds:
+                t = VALUE_T[acc_type(r)]
+                self.lines.append(f"{ind}{t} red_{r.name} = acc_{r.name}[0];")
+                comb = _COMBINE[r.reduction_type].format(a=f"red_{r.name}", b=f"acc_{r.name}[l]")
+                self.lines.append(f"{ind}for (int l = 1; l < {LANES}; ++l) red_{r.name} = {comb};")
+        for r in reds:
+            scalars[r.name] = f"red_{r.name}"
+            if r.name not in self.k.local:
+                v = (
+                    _cast(f"red_{r.name}", acc_type(r), r.dtype)
+                    if r.dtype != acc_type(r)
+                    else (f"red_{r.name}")
+                )
+                self.lines.append(ind + store_c(r.name, r.index, v, r.dtype))
+
+    def _inner(self, lp: Loop, ind: str, scalars: dict[str, str], lanes: bool) -> None:
+        m = len(lp.inner)
+        close = 0
+        for i, s in enumerate(lp.inner[:-1]):
+            self.lines.append(f"{ind}for (int64_t r{i} = 0; r{i} < {s}; ++r{i}) {{")
+            ind += "  "
+            close += 1
+        last, size = f"r{m - 1}", lp.inner[-1]
+        if not lanes:
+            self.lines.append(f"{ind}#pragma omp simd")
+            self.lines.append(f"{ind}for (int64_t {last} = 0; {last} < {size}; ++{last}) {{")
+            self._statements(lp.nodes, ind + "  ", scalars, None)
+            self.lines.append(f"{ind}}}")
+        else:
+            self.lines.append(f"{ind}{{")
+            self.lines.append(f"{ind}int64_t rb = 0;")
+            self.lines.append(f"{ind}for (; rb + {LANES} <= {size}; rb += {LANES}) {{")
+            self.lines.append(f"{ind}  #pragma omp simd")
+            self.lines.append(f"{ind}  for (int l = 0; l < {LANES}; ++l) {{")
+            self.lines.append(f"{ind}    const int64_t {last} = rb + l;")
+            self._statements(lp.nodes, ind + "    ", scalars, "l")
+            self.lines.append(f"{ind}  }}")
+            self.lines.append(f"{ind}}}")
+            self.lines.append(f"{ind}for (; rb < {size}; ++rb) {{")
+            self.lines.append(f"{ind}  const int64_t {last} = rb;")
+            self._statements(lp.nodes, ind + "  ", scalars, "0")
+            self.lines.append(f"{ind}}}")
+            self.lines.append(f"{ind}}}")
+        for _ in range(close):
+            ind = ind[:-2]
+            self.lines.append(f"{ind}}}")
+
+
+def kernel_source(k: Kernel, buffers: dict[str, ir.Buffer]) -> tuple[str, list[str]]:
+    """(C++ text of the kernel function, its pointer parameters in order)."""
+    w = KernelWriter(k, buffers)
+    return w.source(), w.params()

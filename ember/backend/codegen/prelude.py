@@ -1,0 +1,130 @@
+"""The C++ prelude every generated kernel file starts with: no ATen, only C headers.
+
+Vectorizable float math (exp, log, tanh, erf, sigmoid) written branch-free so that gcc turns
+it into AVX-512 inside `#pragma omp simd` loops; NaN and Inf are handled explicitly because
+the build does not use -ffast-math. Accuracy is a few ulp (cephes-style polynomials).
+Double precision calls libm.
+"""
+
+PRELUDE = r"""
+#include <stdint.h>
+#include <math.h>
+
+typedef uint16_t ember_bf16;
+
+static inline float ember_bits_f(uint32_t u) { float f; __builtin_memcpy(&f, &u, 4); return f; }
+static inline uint32_t ember_f_bits(float f) { uint32_t u; __builtin_memcpy(&u, &f, 4); return u; }
+static inline float ember_bf16_to_f32(ember_bf16 h) { return ember_bits_f((uint32_t)h << 16); }
+static inline ember_bf16 ember_f32_to_bf16(float f) {
+  uint32_t u = ember_f_bits(f);
+  uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return (ember_bf16)(f != f ? ((u >> 16) | 0x40u) : r);
+}
+static inline float ember_round_bf16(float f) { return ember_bf16_to_f32(ember_f32_to_bf16(f)); }
+
+#define EMBER_NAN_MAXMIN(T)                                                  \
+  static inline T ember_max(T a, T b) {                                      \
+    return a != a ? a : (b != b ? b : (a > b ? a : b));                      \
+  }                                                                          \
+  static inline T ember_min(T a, T b) {                                      \
+    return a != a ? a : (b != b ? b : (a < b ? a : b));                      \
+  }
+EMBER_NAN_MAXMIN(float)
+EMBER_NAN_MAXMIN(double)
+template <typename T> static inline T ember_max(T a, T b) { return a > b ? a : b; }
+template <typename T> static inline T ember_min(T a, T b) { return a < b ? a : b; }
+
+static inline float ember_expf(float x) {
+  const float hi = 88.72283935546875f, lo = -103.972084045410f;
+  float xc = x > hi ? hi : (x < lo ? lo : x);
+  xc = xc != xc ? 0.0f : xc;
+  float k = __builtin_rintf(xc * 1.44269504088896341f);
+  float r = __builtin_fmaf(k, -0.693359375f, xc);
+  r = __builtin_fmaf(k, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = __builtin_fmaf(p, r, 1.3981999507e-3f);
+  p = __builtin_fmaf(p, r, 8.3334519073e-3f);
+  p = __builtin_fmaf(p, r, 4.1665795894e-2f);
+  p = __builtin_fmaf(p, r, 1.6666665459e-1f);
+  p = __builtin_fmaf(p, r, 5.0000001201e-1f);
+  p = __builtin_fmaf(p, r * r, r) + 1.0f;
+  int32_t ki = (int32_t)k;
+  int32_t k1 = ki / 2, k2 = ki - k1;
+  float s1 = ember_bits_f((uint32_t)(k1 + 127) << 23);
+  float s2 = ember_bits_f((uint32_t)(k2 + 127) << 23);
+  float res = p * s1 * s2;
+  res = x > hi ? INFINITY : (x < lo ? 0.0f : res);
+  return x != x ? x : res;
+}
+
+static inline float ember_logf(float x) {
+  int32_t sub = x < 1.17549435e-38f;
+  float xs = sub ? x * 8388608.0f : x;
+  uint32_t u = ember_f_bits(xs);
+  int32_t e = (int32_t)((u >> 23) & 0xff) - 127 - (sub ? 23 : 0);
+  float m = ember_bits_f((u & 0x7fffffu) | 0x3f800000u);
+  int32_t big = m > 1.41421356f;
+  m = big ? m * 0.5f : m;
+  float ef = (float)(e + big);
+  float f = m - 1.0f;
+  float z = f * f;
+  float y = 7.0376836292e-2f;
+  y = __builtin_fmaf(y, f, -1.1514610310e-1f);
+  y = __builtin_fmaf(y, f, 1.1676998740e-1f);
+  y = __builtin_fmaf(y, f, -1.2420140846e-1f);
+  y = __builtin_fmaf(y, f, 1.4249322787e-1f);
+  y = __builtin_fmaf(y, f, -1.6668057665e-1f);
+  y = __builtin_fmaf(y, f, 2.0000714765e-1f);
+  y = __builtin_fmaf(y, f, -2.4999993993e-1f);
+  y = __builtin_fmaf(y, f, 3.3333331174e-1f);
+  y = y * f * z;
+  y = __builtin_fmaf(ef, -2.12194440e-4f, y);
+  y = __builtin_fmaf(z, -0.5f, y);
+  float res = f + y;
+  res = __builtin_fmaf(ef, 0.693359375f, res);
+  res = x == INFINITY ? x : res;
+  res = x == 0.0f ? -INFINITY : res;
+  res = x < 0.0f ? NAN : res;
+  return x != x ? x : res;
+}
+
+static inline float ember_tanhf(float x) {
+  float ax = __builtin_fabsf(x);
+  float z = x * x;
+  float s = -5.70498872745e-3f;
+  s = __builtin_fmaf(s, z, 2.06390887954e-2f);
+  s = __builtin_fmaf(s, z, -5.37397155531e-2f);
+  s = __builtin_fmaf(s, z, 1.33314422036e-1f);
+  s = __builtin_fmaf(s, z, -3.33332819422e-1f);
+  float small = __builtin_fmaf(s * z, x, x);
+  float t = ember_expf(2.0f * ax);
+  float big = 1.0f - 2.0f / (t + 1.0f);
+  big = x < 0.0f ? -big : big;
+  return ax < 0.625f ? small : big;
+}
+
+static inline float ember_sigmoidf(float x) { return 1.0f / (1.0f + ember_expf(-x)); }
+
+static inline float ember_erff(float x) {
+  float ax = __builtin_fabsf(x);
+  float z = x * x;
+  float s = 1.0f / 9360.0f;
+  s = __builtin_fmaf(s, z, -1.0f / 1320.0f);
+  s = __builtin_fmaf(s, z, 1.0f / 216.0f);
+  s = __builtin_fmaf(s, z, -1.0f / 42.0f);
+  s = __builtin_fmaf(s, z, 1.0f / 10.0f);
+  s = __builtin_fmaf(s, z, -1.0f / 3.0f);
+  s = __builtin_fmaf(s, z, 1.0f);
+  float small = 1.12837916709551257f * x * s;
+  float t = 1.0f / __builtin_fmaf(0.3275911f, ax, 1.0f);
+  float p = 1.061405429f;
+  p = __builtin_fmaf(p, t, -1.453152027f);
+  p = __builtin_fmaf(p, t, 1.421413741f);
+  p = __builtin_fmaf(p, t, -0.284496736f);
+  p = __builtin_fmaf(p, t, 0.254829592f);
+  float big = 1.0f - p * t * ember_expf(-z);
+  big = x < 0.0f ? -big : big;
+  float res = ax < 0.5f ? small : big;
+  return x != x ? x : res;
+}
+"""

@@ -1,0 +1,164 @@
+"""The Python wrapper: a generated function that allocates, calls kernels and returns outputs.
+
+Generating source once (instead of interpreting a plan per call) keeps the per-call Python
+to what must happen: one allocation per live buffer, one ctypes call per kernel (argument
+types preset, data pointers as ints), one torch call per extern. The source only refers to
+`torch` and to kernel/op names bound at load, so it can be cached on disk with the library.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from ember.backend.ir import nodes as ir
+from ember.backend.ir.nodes import DType, Layout
+from ember.backend.scheduler.fusion import Kernel, Schedule
+from ember.backend.scheduler.memory import Plan
+
+# library ops called through their torch function (cheaper than an OpOverload call)
+_FAST = {
+    torch.ops.aten.mm.default: "torch.mm",
+    torch.ops.aten.bmm.default: "torch.bmm",
+    torch.ops.aten.addmm.default: "torch.addmm",
+    torch.ops.aten.baddbmm.default: "torch.baddbmm",
+}
+
+
+class Unrepresentable(Exception):
+    """An extern argument that has no Python source form (the graph is then not cached)."""
+
+
+def _torch_dtype(d: Any) -> torch.dtype:
+    return d.torch if isinstance(d, DType) else d
+
+
+def literal(v: Any) -> str:
+    if v is None or isinstance(v, bool | int | str):
+        return repr(v)
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else f"float({str(v)!r})"
+    if isinstance(v, torch.dtype | torch.layout | torch.memory_format):
+        return str(v)
+    if isinstance(v, torch.device):
+        return f"torch.device({str(v)!r})"
+    if isinstance(v, list | tuple):
+        inner = ", ".join(literal(x) for x in v)
+        return f"[{inner}]" if isinstance(v, list) else f"({inner}{',' if len(v) == 1 else ''})"
+    raise Unrepresentable(repr(v))
+
+
+class _Writer:
+    def __init__(self, s: Schedule, params: dict[str, list[str]], plan: Plan) -> None:
+        self.s = s
+        self.params = params
+        self.plan = plan
+        self.buffers = s.graph.buffer_map()
+        self.var: dict[str, str] = {}  # buffer -> python variable holding its storage
+        self.actual: dict[str, Layout] = {}  # variable -> layout of the tensor it holds
+        self.relative: set[str] = set()  # variables whose storage_offset is not 0
+        self.header: list[str] = ["import torch"]
+        self.body: list[str] = []
+
+    def view(self, buf: str, lay: Layout) -> str:
+        v = self.var[buf]
+        if self.actual.get(v) == lay and (lay.offset == 0):
+            return v
+        off = f"{v}.storage_offset() + {lay.offset}" if v in self.relative else str(lay.offset)
+        return f"_as({v}, {tuple(lay.size)}, {tuple(lay.stride)}, {off})"
+
+    def arg(self, a: Any) -> str:
+        if isinstance(a, ir.TensorArg):
+            return self.view(a.buffer, a.layout)
+        if isinstance(a, tuple):
+            return "[" + ", ".join(self.arg(x) for x in a) + "]"
+        return literal(a)
+
+    def kernel(self, i: int, k: Kernel) -> None:
+        for b, donor in self.plan.allocs[i]:
+            buf = self.buffers[b]
+            if donor is not None:
+                self.var[b] = self.var[donor]
+                continue
+            lay, dt = buf.layout, _torch_dtype(buf.dtype)
+            if lay == Layout.contiguous(lay.size):
+                self.body.append(f"    {b} = _empty({tuple(lay.size)}, dtype={dt})")
+            else:
+                size, stride = tuple(lay.size), tuple(lay.stride)
+                self.body.append(f"    {b} = _empty_strided({size}, {stride}, dtype={dt})")
+            self.var[b], self.actual[b] = b, lay
+        ptrs = ", ".join(f"{self.var[b]}.data_ptr()" for b in self.params[k.name])
+        self.body.append(f"    _{k.name}({ptrs})")
+
+    def extern(self, i: int, n: ir.ExternCall) -> None:
+        name = f"_op{i}"
+        self.header.append(f"{name} = {_FAST.get(n.op) or _op_source(n.op)}")
+        args = [self.arg(a) for a in n.args] + [f"{k}={self.arg(v)}" for k, v in n.kwargs]
+        call = f"{name}({', '.join(args)})"
+        fix = n.kind == ir.ExternKind.FALLBACK or n.op == torch.ops.aten.convolution.default
+        if len(n.outputs) == 1 and n.result_path == ((),):
+            self.body.append(f"    {n.outputs[0]} = {call}")
+        else:
+            self.body.append(f"    _r = {call}")
+            for b, path in zip(n.outputs, n.result_path):
+                self.body.append(f"    {b} = _r{''.join(f'[{p}]' for p in path)}")
+        for b in n.outputs:
+            lay = self.buffers[b].layout
+            if fix:
+                self.body.append(f"    {b} = _fix({b}, {tuple(lay.size)}, {tuple(lay.stride)})")
+            self.var[b], self.actual[b] = b, lay
+            self.relative.add(b)
+
+    def write(self) -> str:
+        g = self.s.graph
+        for b in g.inputs:
+            self.var[b.name], self.actual[b.name] = b.name, b.layout
+            self.relative.add(b.name)
+        pooled = {d for allocs in self.plan.allocs for _, d in allocs if d}
+        for i, step in enumerate(self.s.steps):
+            if isinstance(step, Kernel):
+                self.kernel(i, step)
+            else:
+                self.extern(i, step)
+            dead = [b for b in self.plan.frees[i] if b not in pooled and self.var.get(b) == b]
+            if dead:
+                self.body.append(f"    del {', '.join(dead)}")
+        outs = [("None" if o is None else self.view(o.buffer, o.layout)) for o in g.outputs]
+        self.body.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+        sig = ", ".join(b.name for b in g.inputs)
+        return "\n".join(self.header + ["", f"def call({sig}):"] + self.body) + "\n"
+
+
+def _op_source(op: Any) -> str:
+    ns, rest = str(op).split(".", 1)
+    name, overload = rest.rsplit(".", 1) if "." in rest else (rest, "default")
+    return f"getattr(getattr(torch.ops.{ns}, {name!r}), {overload!r})"
+
+
+def wrapper_source(s: Schedule, params: dict[str, list[str]], plan: Plan) -> str:
+    """Python source defining `call(in0, in1, ...)` for the schedule."""
+    return _Writer(s, params, plan).write()
+
+
+def _fix(t: torch.Tensor, size: tuple, stride: tuple) -> torch.Tensor:
+    """A fallback's result in the layout the kernels were generated for (copy if needed)."""
+    if tuple(t.stride()) == stride or t.numel() <= 1:
+        return t
+    out = torch.empty_strided(size, stride, dtype=t.dtype)
+    out.copy_(t)
+    return out
+
+
+def instantiate(source: str, kernels: dict[str, Any]) -> Any:
+    """Execute wrapper source with the kernel functions bound; returns `call`."""
+    scope: dict[str, Any] = {
+        "_empty": torch.empty,
+        "_empty_strided": torch.empty_strided,
+        "_as": torch.as_strided,
+        "_fix": _fix,
+    }
+    scope.update({f"_{name}": fn for name, fn in kernels.items()})
+    exec(compile(source, "<ember wrapper>", "exec"), scope)
+    return scope["call"]

@@ -1,0 +1,107 @@
+"""The backend entry point and its pipeline, one stage per line (see `generate`).
+
+`compile_aten` compiles one functional aten graph: graph cache lookup, else lowering to the
+loop IR, verification, dead-node elimination, fusion scheduling, memory planning, C++ and
+wrapper generation; then the kernel cache/g++ and the generated wrapper. Should any stage
+fail on a graph, the graph runs as aten ops (correct, never refused) and the failure is
+logged on the "kernels" channel and counted in `stats`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from ember import logs
+from ember.backend.codegen import build, cache, wrapper
+from ember.backend.codegen.cache import Artifact
+from ember.backend.codegen.cpp import kernel_source
+from ember.backend.codegen.prelude import PRELUDE
+from ember.backend.ir import printer, verifier
+from ember.backend.lowering.graph import lower
+from ember.backend.scheduler import memory
+from ember.backend.scheduler.dependencies import eliminate_dead
+from ember.backend.scheduler.fusion import Schedule, schedule
+
+stats: Counter[str] = Counter()
+_recorders: list[list[Artifact]] = []
+
+
+@contextlib.contextmanager
+def record() -> Iterator[list[Artifact]]:
+    """Collect the artifacts of graphs compiled (or loaded from cache) inside the block."""
+    got: list[Artifact] = []
+    _recorders.append(got)
+    try:
+        yield got
+    finally:
+        _recorders.remove(got)
+
+
+def schedule_str(s: Schedule) -> str:
+    lines = []
+    for step in s.steps:
+        if hasattr(step, "loops"):
+            loops = " | ".join(
+                f"{list(lp.inner)}: {', '.join(n.name for n in lp.nodes)}" for lp in step.loops
+            )
+            local = f" local={sorted(step.local)}" if step.local else ""
+            lines.append(f"{step.name} outer={list(step.outer)} [{loops}]{local}")
+        else:
+            lines.append(f"extern {step.op} -> {', '.join(step.outputs)}")
+    return "\n".join(lines)
+
+
+def generate(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Artifact:
+    """Aten graph -> C++ module + wrapper source (no compiler run)."""
+    g = lower(gm, example_inputs)
+    g = verifier.verify(g)
+    g = eliminate_dead(g)
+    s = schedule(g)
+    plan = memory.plan(s)
+    sources, params = [PRELUDE], {}
+    buffers = g.buffer_map()
+    for k in s.kernels():
+        src, params[k.name] = kernel_source(k, buffers)
+        sources.append(src)
+    cacheable = True
+    py = wrapper.wrapper_source(s, params, plan)
+    ir_text = printer.graph_str(g) + "\n\nschedule:\n" + schedule_str(s)
+    kernels = {name: len(p) for name, p in params.items()}
+    return Artifact("\n\n".join(sources), py, kernels, cacheable, ir_text)
+
+
+def _load(art: Artifact) -> Callable[..., Any]:
+    kernels = build.load(art.cpp, art.kernels) if art.kernels else {}
+    return wrapper.instantiate(art.wrapper, kernels)
+
+
+def compile_aten(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    """Compile one functional aten graph into a callable taking its flat tensor inputs."""
+    try:
+        key = cache.graph_key(gm, example_inputs)
+        art = cache.load(key)
+        if art is None:
+            art = generate(gm, example_inputs)
+            if logs.enabled("schedule"):
+                logs.log("schedule", "%s", art.ir_text)
+            if logs.enabled("kernels"):
+                logs.log("kernels", "%s\n%s", art.cpp[len(PRELUDE) :], art.wrapper)
+            fn = _load(art)
+            if art.cacheable:
+                cache.store(key, art)
+            stats["generated"] += 1
+        else:
+            fn = _load(art)
+            stats["graph_cache_hits"] += 1
+    except Exception as e:  # noqa: BLE001  (any failure: run the graph as aten ops)
+        stats["graph_fallbacks"] += 1
+        logs.log("kernels", "running the aten graph instead: %s: %s", type(e).__name__, e)
+        return gm.forward
+    for r in _recorders:
+        r.append(art)
+    return fn

@@ -1,0 +1,211 @@
+"""ember's decompositions of composite ops into primitives that fuse.
+
+Softmax, log-softmax, layer norm, RMS norm, dropout in eval and addmm-with-epilogue are
+written here as compositions of ember's own reductions and lazy pointwise values, so the
+scheduler sees one reduction kernel family (softmax: max, sum-of-exp and the normalizing
+write in one pass over memory) instead of opaque aten calls.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sympy
+import torch
+
+from ember.backend.ir.nodes import BinaryOp as B
+from ember.backend.ir.nodes import DType, ExternKind, ReductionType
+from ember.backend.ir.nodes import UnaryOp as U
+from ember.backend.lowering import pointwise as pw
+from ember.backend.lowering.fallback import extern
+from ember.backend.lowering.reductions import norm_dims, numel, reduce, var_parts
+from ember.backend.lowering.registry import LOWERINGS, LowerCtx, NotLowered, opmath, register
+from ember.backend.lowering.values import LazyValue, Value, cast
+
+aten = torch.ops.aten
+
+
+def _kept(idx, dims):
+    return [sympy.Integer(0) if k in dims else i for k, i in enumerate(idx)]
+
+
+def _keep_size(size, dims):
+    return tuple(1 if k in dims else s for k, s in enumerate(size))
+
+
+def _softmax_parts(ctx: LowerCtx, x: Value, dim: int):
+    """(shifted input, row max, sum of exp) of a numerically stable softmax over `dim`."""
+    if not isinstance(x.dtype, DType) or not x.dtype.is_float:
+        raise NotLowered("softmax of a non-float")
+    comp = opmath(ctx.out_dtype)
+    d = norm_dims(dim, len(x.size))
+    ks = _keep_size(x.size, d)
+    m = reduce(ctx, x, d, ReductionType.MAX, True, ks, comp)
+
+    def shifted(idx):
+        return pw.bin_(B.SUB, cast(x.load(idx), comp), m.load(_kept(idx, d)))
+
+    sh = LazyValue(x.size, comp, shifted)
+    e = LazyValue(x.size, comp, lambda idx: pw.un(U.EXP, sh.load(idx)))
+    s = reduce(ctx, e, d, ReductionType.SUM, True, ks, comp)
+    return sh, e, s, d
+
+
+@register(aten._softmax.default)
+def _softmax(ctx: LowerCtx, x: Value, dim: int, half_to_float: bool = False) -> Value:
+    _, e, s, d = _softmax_parts(ctx, x, dim)
+    out = ctx.out_dtype
+
+    def load(idx):
+        return cast(pw.bin_(B.DIV, e.load(idx), s.load(_kept(idx, d))), out)
+
+    return LazyValue(x.size, out, load)
+
+
+@register(aten._log_softmax.default)
+def _log_softmax(ctx: LowerCtx, x: Value, dim: int, half_to_float: bool = False) -> Value:
+    sh, _, s, d = _softmax_parts(ctx, x, dim)
+    out = ctx.out_dtype
+
+    def load(idx):
+        return cast(pw.bin_(B.SUB, sh.load(idx), pw.un(U.LOG, s.load(_kept(idx, d)))), out)
+
+    return LazyValue(x.size, out, load)
+
+
+def _affine(x_norm: LazyValue, weight, bias, comp: DType, out: DType) -> LazyValue:
+    """x_norm * weight + bias, with weight/bias broadcast over the trailing dims."""
+    size = x_norm.size
+
+    def load(idx):
+        v = x_norm.load(idx)
+        if weight is not None:
+            v = pw.bin_(B.MUL, v, cast(pw.broadcast_load(weight, idx, size), comp))
+        if bias is not None:
+            v = pw.bin_(B.ADD, v, cast(pw.broadcast_load(bias, idx, size), comp))
+        return cast(v, out)
+
+    return LazyValue(size, out, load)
+
+
+@register(aten.native_layer_norm.default)
+def _layer_norm(ctx: LowerCtx, x: Value, shape, weight, bias, eps: float) -> list[Value]:
+    if not isinstance(x.dtype, DType) or not x.dtype.is_float:
+        raise NotLowered("layer norm of a non-float")
+    out = DType.of(ctx.meta[0].dtype)
+    comp = opmath(out)
+    d = list(range(len(x.size) - len(shape), len(x.size)))
+    ks = _keep_size(x.size, d)
+    mean, m2 = var_parts(ctx, x, d, ks, comp, True)
+    n = float(numel(x.size, d))
+
+    def rstd_load(idx):
+        var = pw.bin_(B.DIV, m2.load(idx), pw.const(n, comp))
+        return pw.un(U.RSQRT, pw.bin_(B.ADD, var, pw.const(eps, comp)))
+
+    rstd = LazyValue(ks, comp, rstd_load)
+
+    def norm(idx):
+        k = _kept(idx, d)
+        diff = pw.bin_(B.SUB, cast(x.load(idx), comp), mean.load(k))
+        return pw.bin_(B.MUL, diff, rstd.load(k))
+
+    y = _affine(LazyValue(x.size, comp, norm), weight, bias, comp, out)
+    stat = DType.of(ctx.meta[1].dtype)
+    return [y, _as(mean, stat), _as(rstd, stat)]
+
+
+def _as(v: LazyValue, dtype: DType) -> LazyValue:
+    return LazyValue(v.size, dtype, lambda idx: cast(v.load(idx), dtype))
+
+
+def _rms_norm(ctx: LowerCtx, x: Value, shape, weight, eps) -> tuple[LazyValue, LazyValue]:
+    if not isinstance(x.dtype, DType) or not x.dtype.is_float:
+        raise NotLowered("rms norm of a non-float")
+    meta = ctx.meta[0] if isinstance(ctx.meta, tuple | list) else ctx.meta
+    out = DType.of(meta.dtype)
+    comp = opmath(out)
+    d = list(range(len(x.size) - len(shape), len(x.size)))
+    ks = _keep_size(x.size, d)
+    sq = LazyValue(x.size, comp, lambda idx: pw.bin_(B.MUL, *[cast(x.load(idx), comp)] * 2))
+    ss = reduce(ctx, sq, d, ReductionType.SUM, True, ks, comp)
+    if eps is None:
+        eps = torch.finfo(out.torch).eps
+
+    def rstd_load(idx):
+        ms = pw.bin_(B.DIV, ss.load(idx), pw.const(float(numel(x.size, d)), comp))
+        return pw.un(U.RSQRT, pw.bin_(B.ADD, ms, pw.const(eps, comp)))
+
+    rstd = LazyValue(ks, comp, rstd_load)
+
+    def norm(idx):
+        return pw.bin_(B.MUL, cast(x.load(idx), comp), rstd.load(_kept(idx, d)))
+
+    return _affine(LazyValue(x.size, comp, norm), weight, None, comp, out), rstd
+
+
+if hasattr(aten, "rms_norm"):
+
+    @register(aten.rms_norm.default)
+    def _rms(ctx: LowerCtx, x: Value, shape, weight=None, eps=None) -> Value:
+        return _rms_norm(ctx, x, shape, weight, eps)[0]
+
+
+if hasattr(aten, "_fused_rms_norm"):
+
+    @register(aten._fused_rms_norm.default)
+    def _fused_rms(ctx: LowerCtx, x: Value, shape, weight=None, eps=None) -> list[Value]:
+        y, rstd = _rms_norm(ctx, x, shape, weight, eps)
+        return [y, _as(rstd, DType.of(ctx.meta[1].dtype))]
+
+
+@register(aten.dropout.default)
+def _dropout(ctx: LowerCtx, x: Value, p: float, train: bool) -> Value:
+    if train and p > 0:
+        raise NotLowered("dropout in training draws random numbers")
+    return pw.pointwise(ctx, lambda a: a, [x], [None])
+
+
+@register(aten.native_dropout.default)
+def _native_dropout(ctx: LowerCtx, x: Value, p: float, train: bool | None) -> list[Value]:
+    if train:
+        raise NotLowered("dropout in training draws random numbers")
+    y = pw.pointwise(LowerCtx(ctx.builder, ctx.meta[0], ctx.node), lambda a: a, [x], [None])
+    ones = pw.pointwise(
+        LowerCtx(ctx.builder, ctx.meta[1], ctx.node), lambda: pw.const(True, DType.BOOL), []
+    )
+    return [y, ones]
+
+
+_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+
+
+def _feeds_pointwise(node: torch.fx.Node) -> bool:
+    """Whether every use of `node` is a pointwise lowering (through reshapes): an epilogue."""
+    if not node.users:
+        return False
+    for user in node.users:
+        if user.target in _VIEWS:
+            if not _feeds_pointwise(user):
+                return False
+            continue
+        fn = LOWERINGS.get(user.target)
+        if fn is None or not fn.__module__.endswith("lowering.pointwise"):
+            return False
+    return True
+
+
+@register(aten.addmm.default)
+def _addmm(ctx: LowerCtx, bias: Value, a: Value, b: Value, beta=1, alpha=1) -> Any:
+    """addmm as a library GEMM; its bias joins the following pointwise ops when there are any."""
+    if not _feeds_pointwise(ctx.node):
+        kwargs: dict[str, Any] = {"beta": beta, "alpha": alpha} if (beta, alpha) != (1, 1) else {}
+        return extern(ctx, aten.addmm.default, (bias, a, b), kwargs, ExternKind.LIBRARY)
+    prod = extern(ctx, aten.mm.default, (a, b), {}, ExternKind.LIBRARY)
+
+    def fn(p, c):
+        p = p if alpha == 1 else pw.bin_(B.MUL, p, pw.const(alpha, p.dtype))
+        c = c if beta == 1 else pw.bin_(B.MUL, c, pw.const(beta, c.dtype))
+        return pw.bin_(B.ADD, p, c)
+
+    return pw.pointwise(ctx, fn, [prod, bias])

@@ -1,0 +1,363 @@
+"""The loop-level IR: buffers, value expressions, and the nodes that compute buffers.
+
+Lowering produces a `LoopGraph`; the scheduler groups its nodes into kernels and codegen prints
+them. Everything here is immutable data: a value is an expression tree (`Expr`) evaluated at
+one point of a node's iteration space, and indices are sympy expressions over the loop
+variables `x0, x1, ...` (the node's ranges) and `r0, r1, ...` (its reduction ranges).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+import sympy
+import torch
+
+
+class DType(enum.Enum):
+    """Element types that kernels handle natively; other dtypes go to fallback kernels."""
+
+    F32 = "float32"
+    F64 = "float64"
+    BF16 = "bfloat16"
+    I64 = "int64"
+    I32 = "int32"
+    I8 = "int8"
+    U8 = "uint8"
+    BOOL = "bool"
+
+    @property
+    def torch(self) -> torch.dtype:
+        return getattr(torch, self.value)
+
+    @property
+    def is_float(self) -> bool:
+        return self in (DType.F32, DType.F64, DType.BF16)
+
+    @property
+    def itemsize(self) -> int:
+        return self.torch.itemsize
+
+    @staticmethod
+    def of(dtype: torch.dtype) -> DType | None:
+        """The IR dtype of a torch dtype, or None when kernels cannot hold it."""
+        return _FROM_TORCH.get(dtype)
+
+
+_FROM_TORCH = {d.torch: d for d in DType}
+
+
+class UnaryOp(enum.Enum):
+    NEG = "neg"
+    ABS = "abs"
+    EXP = "exp"
+    EXPM1 = "expm1"
+    LOG = "log"
+    LOG1P = "log1p"
+    SQRT = "sqrt"
+    RSQRT = "rsqrt"
+    TANH = "tanh"
+    SIGMOID = "sigmoid"
+    ERF = "erf"
+    SIN = "sin"
+    COS = "cos"
+    RECIPROCAL = "reciprocal"
+    RELU = "relu"
+    FLOOR = "floor"
+    CEIL = "ceil"
+    TRUNC = "trunc"
+    ROUND = "round"
+    SIGN = "sign"
+    ISNAN = "isnan"
+    ISINF = "isinf"
+    LOGICAL_NOT = "logical_not"
+    BITWISE_NOT = "bitwise_not"
+
+
+class BinaryOp(enum.Enum):
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+    DIV = "div"
+    MAXIMUM = "maximum"
+    MINIMUM = "minimum"
+    POW = "pow"
+    EQ = "eq"
+    NE = "ne"
+    LT = "lt"
+    LE = "le"
+    GT = "gt"
+    GE = "ge"
+    LOGICAL_AND = "logical_and"
+    LOGICAL_OR = "logical_or"
+    LOGICAL_XOR = "logical_xor"
+    BITWISE_AND = "bitwise_and"
+    BITWISE_OR = "bitwise_or"
+    BITWISE_XOR = "bitwise_xor"
+    ATAN2 = "atan2"
+
+
+COMPARISONS = frozenset(
+    {BinaryOp.EQ, BinaryOp.NE, BinaryOp.LT, BinaryOp.LE, BinaryOp.GT, BinaryOp.GE}
+)
+LOGICAL = frozenset({BinaryOp.LOGICAL_AND, BinaryOp.LOGICAL_OR, BinaryOp.LOGICAL_XOR})
+
+
+class ReductionType(enum.Enum):
+    SUM = "sum"
+    PROD = "prod"
+    MAX = "max"
+    MIN = "min"
+
+
+class ExternKind(enum.Enum):
+    """Why a node calls torch instead of generated code."""
+
+    LIBRARY = "library"  # matmul/conv: a tuned library beats generated loops
+    FALLBACK = "fallback"  # no lowering (yet): correct via the aten op itself
+
+
+# ---------------------------------------------------------------- value expressions
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Load:
+    """The element of `buffer` at flat element offset `index` (a sympy expression)."""
+
+    buffer: str
+    index: sympy.Expr
+    dtype: DType
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Const:
+    value: Any
+    dtype: DType
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class IndexValue:
+    """An index expression used as a value (iota, masks built from positions)."""
+
+    index: sympy.Expr
+    dtype: DType
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Unary:
+    op: UnaryOp
+    x: Expr
+    dtype: DType
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Binary:
+    """Operands share one compute dtype; comparisons produce BOOL."""
+
+    op: BinaryOp
+    a: Expr
+    b: Expr
+    dtype: DType
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Where:
+    cond: Expr
+    a: Expr
+    b: Expr
+    dtype: DType
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Cast:
+    """Convert to `dtype` (a cast to BF16 rounds, as storing to bfloat16 would)."""
+
+    x: Expr
+    dtype: DType
+
+
+Expr = Load | Const | IndexValue | Unary | Binary | Where | Cast
+
+
+def walk(expr: Expr):
+    """All sub-expressions, parents before children."""
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        yield e
+        if isinstance(e, Unary | Cast):
+            stack.append(e.x)
+        elif isinstance(e, Binary):
+            stack.extend((e.b, e.a))
+        elif isinstance(e, Where):
+            stack.extend((e.b, e.a, e.cond))
+
+
+def loads(expr: Expr) -> list[Load]:
+    return [e for e in walk(expr) if isinstance(e, Load)]
+
+
+# ---------------------------------------------------------------- buffers and nodes
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Layout:
+    """A strided view of a buffer's storage, in elements."""
+
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int = 0
+
+    @staticmethod
+    def contiguous(size: tuple[int, ...]) -> Layout:
+        return Layout(tuple(size), contiguous_strides(size), 0)
+
+    def numel(self) -> int:
+        n = 1
+        for s in self.size:
+            n *= s
+        return n
+
+    def storage_numel(self) -> int:
+        """Elements the storage needs so that every element of the view is in bounds."""
+        if any(s == 0 for s in self.size):
+            return 0
+        return self.offset + 1 + sum((s - 1) * st for s, st in zip(self.size, self.stride))
+
+
+def contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for s in reversed(size):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Buffer:
+    """Storage the wrapper allocates (or receives, for inputs): a layout and a dtype."""
+
+    name: str
+    layout: Layout
+    dtype: DType
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Pointwise:
+    """For every point of `ranges` (vars x0..), store `body` at `index` of buffer `name`."""
+
+    name: str
+    ranges: tuple[int, ...]
+    body: Expr
+    index: sympy.Expr
+    dtype: DType
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reduction:
+    """For every point of `ranges`, reduce `body` over `reduction_ranges` (vars r0..)."""
+
+    name: str
+    ranges: tuple[int, ...]
+    reduction_ranges: tuple[int, ...]
+    reduction_type: ReductionType
+    body: Expr
+    index: sympy.Expr
+    dtype: DType
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TensorArg:
+    """A tensor argument of an extern call: a view of a buffer."""
+
+    buffer: str
+    layout: Layout
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ExternCall:
+    """Call a torch op; its tensor results become `outputs` (torch allocates them)."""
+
+    kind: ExternKind
+    op: Any  # torch._ops.OpOverload
+    args: tuple[Any, ...]  # TensorArg | constants | nested tuples
+    kwargs: tuple[tuple[str, Any], ...]
+    outputs: tuple[str, ...]
+    result_path: tuple[tuple[int, ...], ...]  # where each output sits in the op's result
+
+
+Node = Pointwise | Reduction | ExternCall
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Output:
+    """A graph output: a view of a buffer (an input buffer only where eager aliases)."""
+
+    buffer: str
+    layout: Layout
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LoopGraph:
+    inputs: tuple[Buffer, ...]
+    buffers: tuple[Buffer, ...]
+    nodes: tuple[Node, ...]
+    outputs: tuple[Output | None, ...]
+
+    def buffer_map(self) -> dict[str, Buffer]:
+        return {b.name: b for b in self.inputs + self.buffers}
+
+
+def node_outputs(node: Node) -> tuple[str, ...]:
+    return node.outputs if isinstance(node, ExternCall) else (node.name,)
+
+
+def node_reads(node: Node) -> set[str]:
+    if isinstance(node, ExternCall):
+        return set(_tensor_args(node.args) + _tensor_args(tuple(v for _, v in node.kwargs)))
+    return {ld.buffer for ld in loads(node.body)}
+
+
+def _tensor_args(args: tuple[Any, ...]) -> list[str]:
+    out = []
+    for a in args:
+        if isinstance(a, TensorArg):
+            out.append(a.buffer)
+        elif isinstance(a, tuple | list):
+            out.extend(_tensor_args(tuple(a)))
+    return out
+
+
+def loop_vars(n: int, prefix: str = "x") -> list[sympy.Symbol]:
+    return [sympy.Symbol(f"{prefix}{i}", integer=True, nonnegative=True) for i in range(n)]
+
+
+def map_loads(expr: Expr, fn, index_fn=None) -> Expr:
+    """Rebuild `expr` with every Load replaced by `fn(load)` (and IndexValue indices mapped
+    by `index_fn`, when given)."""
+    memo: dict[int, Expr] = {}
+
+    def go(e: Expr) -> Expr:
+        key = id(e)
+        if key in memo:
+            return memo[key]
+        if isinstance(e, Load):
+            r = fn(e)
+        elif isinstance(e, Unary):
+            r = Unary(e.op, go(e.x), e.dtype)
+        elif isinstance(e, Cast):
+            r = Cast(go(e.x), e.dtype)
+        elif isinstance(e, Binary):
+            r = Binary(e.op, go(e.a), go(e.b), e.dtype)
+        elif isinstance(e, Where):
+            r = Where(go(e.cond), go(e.a), go(e.b), e.dtype)
+        elif isinstance(e, IndexValue) and index_fn is not None:
+            r = IndexValue(index_fn(e.index), e.dtype)
+        else:
+            r = e
+        memo[key] = r
+        return r
+
+    return go(expr)

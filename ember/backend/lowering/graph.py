@@ -1,0 +1,145 @@
+"""Lower a functional aten-level fx graph to a `LoopGraph`.
+
+Walks the graph once in order. Each call goes to its registered lowering, or to a fallback
+kernel when there is none (or the lowering declines); lazy values that many consumers would
+recompute expensively are realized; outputs are realized with eager's strides.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+
+from ember.backend import decompose  # noqa: F401  (registers the decompositions)
+from ember.backend.ir import nodes as ir
+from ember.backend.ir.nodes import DType
+from ember.backend.lowering import (  # noqa: F401  (registers lowerings)
+    fallback,
+    pointwise,
+    reductions,
+    views,
+)
+from ember.backend.lowering.registry import LOWERINGS, LowerCtx, NotLowered
+from ember.backend.lowering.values import (
+    BufferValue,
+    GraphBuilder,
+    LazyValue,
+    expr_size,
+)
+
+MAX_INLINE = 48  # expression nodes above which a value with several users is materialized
+
+
+def _meta(a: Any) -> Any:
+    """A meta-device stand-in for a value (to run ops for shapes, strides and dtypes)."""
+    if isinstance(a, BufferValue | LazyValue):
+        dt = a.dtype if isinstance(a.dtype, torch.dtype) else a.dtype.torch
+        if isinstance(a, BufferValue):
+            lay = a.layout
+            base = torch.empty(max(lay.storage_numel(), 1), dtype=dt, device="meta")
+            return base.as_strided(lay.size, lay.stride, lay.offset)
+        return torch.empty(a.size, dtype=dt, device="meta")
+    if isinstance(a, list | tuple):
+        return type(a)(_meta(x) for x in a)
+    return a
+
+
+def _node_meta(node: torch.fx.Node, args, kwargs) -> Any:
+    val = node.meta.get("val")
+    if val is not None:
+        return val
+    return node.target(*_meta(args), **{k: _meta(v) for k, v in kwargs.items()})
+
+
+def _map(a: Any, env: dict) -> Any:
+    if isinstance(a, torch.fx.Node):
+        return env[a]
+    if isinstance(a, list | tuple):
+        return type(a)(_map(x, env) for x in a)
+    if isinstance(a, dict):
+        return {k: _map(v, env) for k, v in a.items()}
+    return a
+
+
+def _lower_call(builder: GraphBuilder, node: torch.fx.Node, env: dict) -> Any:
+    args, kwargs = _map(node.args, env), _map(node.kwargs, env)
+    meta = _node_meta(node, args, kwargs)
+    ctx = LowerCtx(builder, meta, node)
+    fn = LOWERINGS.get(node.target)
+    if fn is not None:
+        mark = len(builder.nodes), len(builder.buffers)
+        try:
+            return fn(ctx, *args, **kwargs)
+        except NotLowered:
+            del builder.nodes[mark[0] :], builder.buffers[mark[1] :]
+    return fallback.fallback(ctx, node.target, args, kwargs)
+
+
+def _maybe_realize(builder: GraphBuilder, node: torch.fx.Node, value: Any) -> Any:
+    if isinstance(value, LazyValue):
+        size = expr_size(value)
+        if size > 4 * MAX_INLINE or (len(node.users) > 1 and size > MAX_INLINE):
+            return builder.realize(value)
+    return value
+
+
+def _output(builder: GraphBuilder, value: Any, meta: Any) -> ir.Output | None:
+    if value is None:
+        return None
+    if isinstance(value, LazyValue):
+        stride = None
+        if isinstance(meta, torch.Tensor) and _dense(meta):
+            stride = tuple(int(s) for s in meta.stride())
+        value = builder.realize(value, stride)
+    return ir.Output(value.buffer, value.layout)
+
+
+def _dense(t: torch.Tensor) -> bool:
+    """Whether strides are a permutation of contiguous ones (safe to store with them)."""
+    pairs = sorted((st, s) for s, st in zip(t.shape, t.stride()) if s != 1)
+    acc = 1
+    for st, s in pairs:
+        if st != acc:
+            return False
+        acc *= s
+    return True
+
+
+def lower(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> ir.LoopGraph:
+    """The loop IR of `gm`; inputs are named in0, in1, ... in placeholder order."""
+    builder = GraphBuilder()
+    env: dict[torch.fx.Node, Any] = {}
+    inputs = iter(example_inputs)
+    n_in = 0
+    outputs: tuple[ir.Output | None, ...] = ()
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            t = next(inputs)
+            env[node] = _input(builder, f"in{n_in}", t)
+            n_in += 1
+        elif node.op == "get_attr":
+            raise NotLowered("graph constants (get_attr) are not lowered")
+        elif node.op == "call_function":
+            if node.target is operator.getitem:
+                env[node] = env[node.args[0]][node.args[1]]
+                continue
+            env[node] = _maybe_realize(builder, node, _lower_call(builder, node, env))
+        elif node.op == "output":
+            outs = node.args[0]
+            outs = outs if isinstance(outs, list | tuple) else (outs,)
+            metas = [o.meta.get("val") if isinstance(o, torch.fx.Node) else None for o in outs]
+            outputs = tuple(_output(builder, _map(o, env), m) for o, m in zip(outs, metas))
+        else:
+            raise NotLowered(f"fx node kind {node.op}")
+    return ir.LoopGraph(
+        tuple(builder.inputs), tuple(builder.buffers), tuple(builder.nodes), outputs
+    )
+
+
+def _input(builder: GraphBuilder, name: str, t: Any) -> Any:
+    if not isinstance(t, torch.Tensor):
+        raise NotLowered(f"non-tensor graph input {type(t).__name__}")
+    dtype = DType.of(t.dtype) or t.dtype
+    return builder.add_input(name, tuple(t.shape), tuple(t.stride()), dtype)

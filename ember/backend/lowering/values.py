@@ -1,0 +1,157 @@
+"""Values during lowering: lazy expressions (inlined into consumers) and buffer views.
+
+A `LazyValue` is Inductor's unrealized pointwise computation: a function from indices to an
+`Expr`, so a chain of pointwise ops becomes one expression and never touches memory. A
+`BufferValue` is a strided view of a buffer. `GraphBuilder.realize` turns a lazy value into a
+`Pointwise` node writing a new buffer; reductions and extern calls always produce buffers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sympy
+
+from ember.backend import indexing
+from ember.backend.ir import nodes as ir
+from ember.backend.ir.nodes import DType, Expr, Layout
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BufferValue:
+    size: tuple[int, ...]
+    dtype: Any  # DType, or a torch.dtype kernels cannot hold (only fallbacks touch those)
+    buffer: str
+    layout: Layout
+
+    def load(self, idx: Sequence[sympy.Expr]) -> Expr:
+        index = indexing.strided(idx, self.layout.stride, self.layout.offset)
+        return ir.Load(self.buffer, index, self.dtype)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LazyValue:
+    size: tuple[int, ...]
+    dtype: DType
+    fn: Callable[[Sequence[sympy.Expr]], Expr]
+
+    def load(self, idx: Sequence[sympy.Expr]) -> Expr:
+        return self.fn(list(idx))
+
+
+Value = BufferValue | LazyValue
+
+
+def expr_size(v: LazyValue) -> int:
+    """Number of expression nodes one element costs (decides when to stop inlining)."""
+    idx = ir.loop_vars(len(v.size))
+    return sum(1 for _ in ir.walk(v.load(idx)))
+
+
+class GraphBuilder:
+    """Collects buffers and nodes in program order while the fx graph is lowered."""
+
+    def __init__(self) -> None:
+        self.inputs: list[ir.Buffer] = []
+        self.buffers: list[ir.Buffer] = []
+        self.nodes: list[ir.Node] = []
+        self._names = itertools.count()
+
+    def new_name(self) -> str:
+        return f"buf{next(self._names)}"
+
+    def add_input(self, name: str, size, stride, dtype) -> BufferValue:
+        layout = Layout(tuple(size), tuple(stride), 0)
+        self.inputs.append(ir.Buffer(name, layout, dtype))
+        return BufferValue(tuple(size), dtype, name, layout)
+
+    def realize(self, v: Value, stride: Sequence[int] | None = None) -> BufferValue:
+        """Materialize a value (as a Pointwise node) unless it already lives in a buffer."""
+        if isinstance(v, BufferValue):
+            return v
+        size = v.size
+        stride = tuple(stride) if stride is not None else ir.contiguous_strides(size)
+        idx, ranges = iteration(size, stride)
+        name = self.new_name()
+        layout = Layout(size, stride, 0)
+        body = simplified(v.load(idx), ranges, ())
+        self.nodes.append(ir.Pointwise(name, ranges, body, indexing.strided(idx, stride), v.dtype))
+        self.buffers.append(ir.Buffer(name, layout, v.dtype))
+        return BufferValue(size, v.dtype, name, layout)
+
+    def add_reduction(
+        self,
+        x: Value,
+        dims: Sequence[int],
+        rtype: ir.ReductionType,
+        out_size: tuple[int, ...],
+        keepdim: bool,
+        dtype: DType,
+        acc_dtype: DType,
+    ) -> BufferValue:
+        """Reduce `x` over `dims` into a new contiguous buffer of shape `out_size`."""
+        n = len(x.size)
+        kept = [d for d in range(n) if d not in dims and x.size[d] != 1]
+        red = [d for d in dims if x.size[d] != 1]
+        xv, rv = ir.loop_vars(len(kept)), ir.loop_vars(len(red), "r")
+        idx: list[sympy.Expr] = [sympy.Integer(0)] * n
+        for d, v in zip(kept, xv):
+            idx[d] = v
+        for d, v in zip(red, rv):
+            idx[d] = v
+        body = cast(x.load(idx), acc_dtype)
+        body = simplified(body, tuple(x.size[d] for d in kept), tuple(x.size[d] for d in red))
+        if keepdim:
+            out_idx = [sympy.Integer(0) if d in dims else idx[d] for d in range(n)]
+        else:
+            out_idx = [idx[d] for d in range(n) if d not in dims]
+        layout = Layout.contiguous(out_size)
+        index = indexing.strided(out_idx, layout.stride)
+        name = self.new_name()
+        ranges = tuple(x.size[d] for d in kept)
+        rranges = tuple(x.size[d] for d in red)
+        self.nodes.append(ir.Reduction(name, ranges, rranges, rtype, body, index, dtype))
+        self.buffers.append(ir.Buffer(name, layout, dtype))
+        return BufferValue(out_size, dtype, name, layout)
+
+    def add_extern(self, call: ir.ExternCall, layouts: Sequence[Layout], dtypes) -> None:
+        self.nodes.append(call)
+        for name, layout, dtype in zip(call.outputs, layouts, dtypes):
+            self.buffers.append(ir.Buffer(name, layout, dtype))
+
+
+def iteration(
+    size: Sequence[int], stride: Sequence[int] | None = None
+) -> tuple[list[sympy.Expr], tuple[int, ...]]:
+    """Index list over `size`: one loop variable per non-unit dimension, outermost first in
+    memory order (largest stride first) so that the innermost loop walks contiguous memory."""
+    dims = [d for d, s in enumerate(size) if s != 1]
+    if stride is not None:
+        dims.sort(key=lambda d: -stride[d])
+    idx: list[sympy.Expr] = [sympy.Integer(0)] * len(size)
+    for k, d in enumerate(dims):
+        idx[d] = sympy.Symbol(f"x{k}", integer=True, nonnegative=True)
+    return idx, tuple(size[d] for d in dims)
+
+
+def cast(e: Expr, dtype: DType) -> Expr:
+    if e.dtype == dtype:
+        return e
+    if isinstance(e, ir.Const):
+        return ir.Const(e.value, dtype)
+    return ir.Cast(e, dtype)
+
+
+def simplified(body: Expr, ranges: tuple[int, ...], rranges: tuple[int, ...]) -> Expr:
+    """`body` with the div/mod its loop ranges make exact removed from every load index."""
+    env = dict(zip(ir.loop_vars(len(ranges)), ranges))
+    env.update(zip(ir.loop_vars(len(rranges), "r"), rranges))
+
+    def fix(ld: ir.Load) -> Expr:
+        new = indexing.simplify(ld.index, env)
+        return ld if new is ld.index else ir.Load(ld.buffer, new, ld.dtype)
+
+    return ir.map_loads(body, fix)

@@ -1,0 +1,224 @@
+"""Group loop-IR nodes into kernels: producer/consumer and sibling fusion.
+
+A kernel iterates an outer space (parallel over threads) and runs, per outer point, a
+sequence of loops over inner spaces. A reduction with ranges O and reduction ranges I sits in
+a loop over I inside outer O; a pointwise node over O + I joins such a kernel as a loop over
+I (or over nothing when it spans just O). So softmax becomes one kernel: per row, a max loop,
+a sum-of-exp loop and the normalizing loop, reading the row from memory once.
+
+Legality: a node may read a buffer produced inside the kernel only at the element the
+current outer point (and, for pointwise producers, inner point) wrote. Profitability: fuse
+only nodes that share data with the kernel (consumer or sibling reading the same input).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import sympy
+
+from ember.backend.ir import nodes as ir
+from ember.backend.scheduler.dependencies import output_buffers
+
+MAX_KERNEL_NODES = 24
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Loop:
+    inner: tuple[int, ...]
+    nodes: tuple[ir.Pointwise | ir.Reduction, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Kernel:
+    """Nodes are rewritten to kernel variables: x0.. outer, r0.. inner."""
+
+    name: str
+    outer: tuple[int, ...]
+    loops: tuple[Loop, ...]
+    local: frozenset[str]  # buffers that live in registers only (never stored)
+
+    def nodes(self) -> list[ir.Pointwise | ir.Reduction]:
+        return [n for lp in self.loops for n in lp.nodes]
+
+
+Step = Kernel | ir.ExternCall
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Schedule:
+    graph: ir.LoopGraph
+    steps: tuple[Step, ...]
+
+    def kernels(self) -> list[Kernel]:
+        return [s for s in self.steps if isinstance(s, Kernel)]
+
+
+def _rename(node: ir.Pointwise, n_outer: int) -> ir.Pointwise:
+    """A pointwise node over O + I with its variables beyond O renamed to r0, r1, ..."""
+    extra = len(node.ranges) - n_outer
+    if extra <= 0:
+        return node
+    xs = ir.loop_vars(len(node.ranges))
+    sub = dict(zip(xs[n_outer:], ir.loop_vars(extra, "r")))
+
+    def fix_index(index: sympy.Expr) -> sympy.Expr:
+        return index.xreplace(sub)
+
+    body = ir.map_loads(
+        node.body, lambda ld: ir.Load(ld.buffer, fix_index(ld.index), ld.dtype), fix_index
+    )
+    return dataclasses.replace(node, body=body, index=fix_index(node.index))
+
+
+def _signature(node: ir.Pointwise | ir.Reduction) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    if isinstance(node, ir.Reduction):
+        return node.ranges, node.reduction_ranges
+    return node.ranges, ()
+
+
+class _Builder:
+    """A kernel under construction."""
+
+    def __init__(self, node: ir.Pointwise | ir.Reduction) -> None:
+        self.outer, inner = _signature(node)
+        self.loops: list[list] = [[inner, [node]]]
+        self.where: dict[str, int] = {node.name: 0}  # buffer -> loop index
+        self.produced: dict[str, ir.Pointwise | ir.Reduction] = {node.name: node}
+        self.reads: set[str] = ir.node_reads(node)
+
+    def _resplit(self, outer: tuple[int, ...], inner: tuple[int, ...]) -> bool:
+        """Re-read a pure pointwise kernel over `outer + inner` as outer x inner."""
+        if any(lp[0] for lp in self.loops) or self.outer != outer + inner:
+            return False
+        self.outer = outer
+        for lp in self.loops:
+            lp[0] = inner
+            lp[1] = [_rename(n, len(outer)) for n in lp[1]]
+        self.produced = {n.name: n for lp in self.loops for n in lp[1]}
+        return True
+
+    def _fit(self, node: ir.Pointwise | ir.Reduction):
+        """(node in kernel variables, its inner ranges), or None if shapes do not match."""
+        if isinstance(node, ir.Reduction):
+            if node.ranges == self.outer or self._resplit(node.ranges, node.reduction_ranges):
+                return node, node.reduction_ranges
+            return None
+        k = len(self.outer)
+        if node.ranges[:k] != self.outer:
+            return None
+        return _rename(node, k), node.ranges[k:]
+
+    def _legal(self, node, inner) -> tuple[bool, int]:
+        """(legal?, the earliest loop index the node may join)."""
+        earliest = 0
+        for ld in ir.loads(node.body):
+            prod = self.produced.get(ld.buffer)
+            if prod is None:
+                continue
+            li = self.where[ld.buffer]
+            if isinstance(prod, ir.Reduction):
+                if ld.index != prod.index:
+                    return False, 0
+                earliest = max(earliest, li + 1)
+            else:
+                if ld.index != prod.index or self.loops[li][0] != inner:
+                    return False, 0
+                earliest = max(earliest, li)
+        return True, earliest
+
+    def try_add(self, node: ir.Pointwise | ir.Reduction) -> bool:
+        reads = ir.node_reads(node)
+        if not (reads & (self.reads | set(self.produced))):
+            return False
+        if sum(len(lp[1]) for lp in self.loops) >= MAX_KERNEL_NODES:
+            return False
+        saved = (self.outer, [[lp[0], list(lp[1])] for lp in self.loops], dict(self.produced))
+        fit = self._fit(node)
+        ok, earliest = self._legal(*fit) if fit else (False, 0)
+        if not ok:
+            self.outer, self.loops, self.produced = saved
+            return False
+        node, inner = fit
+        last = len(self.loops) - 1
+        if self.loops[last][0] == inner and earliest <= last:
+            self.loops[last][1].append(node)
+        else:
+            self.loops.append([inner, [node]])
+        self.where[node.name] = len(self.loops) - 1
+        self.produced[node.name] = node
+        self.reads |= reads
+        return True
+
+    def build(self, name: str, keep: set[str], readers_in: dict[str, set[int]]) -> Kernel:
+        """Freeze; a buffer is local if only this kernel reads it, in a way registers serve."""
+        local = set()
+        for buf, li in self.where.items():
+            if buf in keep:
+                continue
+            loops_reading = readers_in.get(buf, set())
+            prod = self.produced[buf]
+            if isinstance(prod, ir.Reduction) or loops_reading <= {li}:
+                local.add(buf)
+        loops = tuple(Loop(tuple(i), tuple(ns)) for i, ns in self.loops)
+        return Kernel(name, self.outer, loops, frozenset(local))
+
+
+def schedule(g: ir.LoopGraph) -> Schedule:
+    """Greedy in program order: each node joins the kernel before it when legal and useful."""
+    steps: list[Step | _Builder] = []
+    made_at: dict[str, int] = {b.name: -1 for b in g.inputs}  # buffer -> step index
+    for node in g.nodes:
+        at = _place(steps, node, made_at)
+        if at is None:
+            steps.append(node if isinstance(node, ir.ExternCall) else _Builder(node))
+            at = len(steps) - 1
+        for b in ir.node_outputs(node):
+            made_at[b] = at
+    return Schedule(g, tuple(_finish(g, steps)))
+
+
+def _place(steps: list, node: ir.Node, made_at: dict[str, int]) -> int | None:
+    """The latest kernel the node can join: its other inputs must exist before that kernel."""
+    if isinstance(node, ir.ExternCall):
+        return None
+    ready = max((made_at[b] for b in ir.node_reads(node)), default=-1)
+    for i in range(len(steps) - 1, -1, -1):
+        s = steps[i]
+        if isinstance(s, _Builder):
+            inside = {b for b in ir.node_reads(node) if made_at.get(b) == i}
+            outside_ready = max(
+                (made_at[b] for b in ir.node_reads(node) if b not in inside), default=-1
+            )
+            if outside_ready < i and s.try_add(node):
+                return i
+        if i <= ready:
+            return None
+    return None
+
+
+def _finish(g: ir.LoopGraph, steps: list) -> list[Step]:
+    """Decide which kernel buffers stay in registers: read only inside their own kernel."""
+    outside: set[str] = set(output_buffers(g))
+    for s in steps:
+        if isinstance(s, ir.ExternCall):
+            outside |= ir.node_reads(s)
+    owner = {b: i for i, s in enumerate(steps) if isinstance(s, _Builder) for b in s.where}
+    loops_reading: dict[str, set[int]] = {}
+    for i, s in enumerate(steps):
+        if not isinstance(s, _Builder):
+            continue
+        for li, (_, ns) in enumerate(s.loops):
+            for n in ns:
+                for b in ir.node_reads(n):
+                    if owner.get(b, i) != i:
+                        outside.add(b)
+                    else:
+                        loops_reading.setdefault(b, set()).add(li)
+    out: list[Step] = []
+    for i, s in enumerate(steps):
+        if isinstance(s, _Builder):
+            out.append(s.build(f"kernel{i}", outside, loops_reading))
+        else:
+            out.append(s)
+    return out

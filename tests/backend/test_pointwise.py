@@ -1,0 +1,149 @@
+"""Pointwise ops against eager: dtypes, broadcasting, strides, size-0/1 dims, NaN/Inf."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.backend.helpers import check, kernel_count
+
+SPECIAL = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-30, -3.5, 80.0])
+
+
+def _floats(dtype: torch.dtype, n: int = 67) -> torch.Tensor:
+    x = torch.cat([torch.randn(n - SPECIAL.numel()) * 3, SPECIAL])
+    return x.to(dtype)
+
+
+def unary_all(x):
+    return (
+        torch.exp(x),
+        torch.log(x.abs()),
+        torch.tanh(x),
+        torch.sigmoid(x),
+        torch.erf(x),
+        torch.sqrt(x.abs()),
+        torch.rsqrt(x.abs() + 1),
+        torch.relu(x),
+        torch.nn.functional.gelu(x),
+        torch.nn.functional.gelu(x, approximate="tanh"),
+        torch.nn.functional.silu(x),
+        torch.neg(x).abs().floor(),
+        torch.clamp(x, -1, 2),
+        torch.isnan(x) | torch.isinf(x),
+        x.reciprocal(),
+        torch.expm1(x) + torch.log1p(x.abs()),
+        torch.sin(x) * torch.cos(x),
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_unary_ops_with_special_values(dtype):
+    tol = {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {}
+    check(unary_all, _floats(dtype), **tol)
+
+
+def test_exp_log_tanh_erf_accuracy_over_range():
+    x = torch.linspace(-100, 100, 100003)
+
+    def f(x):
+        return torch.exp(x), torch.log(x.abs() + 1e-38), torch.tanh(x), torch.erf(x / 10)
+
+    check(f, x)
+
+
+def binary_all(a, b):
+    return (
+        a + b * 2,
+        a - b,
+        a * b,
+        a / b,
+        torch.maximum(a, b),
+        torch.minimum(a, b),
+        a > b,
+        a == b,
+        torch.where(a > 0, a, b),
+        torch.pow(a, 2) + torch.pow(b.abs(), 0.5),
+    )
+
+
+def test_binary_broadcast_and_transposed():
+    a = torch.randn(6, 5)
+    b = torch.randn(5, 6).t()  # transposed (non-contiguous) operand
+    check(binary_all, a, b)
+    c = torch.randn(1, 5)  # broadcast along dim 0
+    check(binary_all, a, c)
+
+
+def test_non_contiguous_slices_and_expand():
+    x = torch.randn(8, 10)[::2, 1:9]
+
+    def f(x, y):
+        return (x * 2).t() + y.expand(8, 4), (x[:, :4] - 1).permute(1, 0)
+
+    check(f, x, torch.randn(1, 4))
+
+
+@pytest.mark.parametrize("shape", [(0,), (3, 0), (1,), (1, 1, 5), ()])
+def test_size_zero_and_one_dims(shape):
+    def f(x):
+        return torch.exp(x) * 2 + 1, x.sum(-1) if x.dim() else x + 1
+
+    check(f, torch.randn(shape))
+
+
+def test_integer_and_bool_ops():
+    a = torch.randint(-50, 50, (7, 3))
+    b = torch.randint(1, 9, (7, 3), dtype=torch.int32)
+
+    def f(a, b):
+        return (
+            a + b,
+            a * 3 - b,
+            a / b,
+            a & 6,
+            torch.maximum(a, b.long()),
+            (a > 0) & (b < 5),
+            ~(a > 0),
+            torch.where(a > b, a, -a),
+            a.abs(),
+            a.float() * 0.5,
+        )
+
+    check(f, a, b)
+
+
+def test_dtype_conversions():
+    x = torch.randn(33) * 100
+
+    def f(x):
+        return x.to(torch.int64), x.to(torch.bfloat16), x.to(torch.float64), x.to(torch.bool)
+
+    check(f, x)
+
+
+def test_bfloat16_inputs_compute_in_float():
+    a = torch.randn(40, 17).bfloat16()
+    b = torch.randn(17).bfloat16()
+
+    def f(a, b):
+        return torch.nn.functional.gelu(a * b + 1), torch.softmax(a, -1)
+
+    check(f, a, b, atol=1e-2, rtol=1e-2)
+
+
+def test_pointwise_chain_is_one_kernel():
+    def f(x, y):
+        return torch.relu(x * 2 + y).sigmoid() - x
+
+    (art,) = check(f, torch.randn(1000), torch.randn(1000))
+    assert kernel_count(art) == 1
+
+
+def test_views_are_index_arithmetic_not_copies():
+    def f(x):
+        y = x.view(4, 6).t().reshape(2, 12)  # the reshape cannot be a strided view
+        return (y * 2).sum(0), x.view(2, 12)[1:, ::3] + 1
+
+    (art,) = check(f, torch.randn(24))
+    assert "clone" not in art.wrapper and "copy" not in art.wrapper
