@@ -73,7 +73,8 @@ def _run_cached(fn: types.FunctionType, opts: CompileOptions, args: tuple, kwarg
             cache.eager_reason = reason
             return fn(*args, **kwargs)
     try:
-        entry = capture_call(fn, args, kwargs, opts.backend)
+        wrap = None if opts.fullgraph else functools.partial(compile_function, opts=opts)
+        entry = capture_call(fn, args, kwargs, opts.backend, wrap)
     except Unsupported as exc:
         if opts.fullgraph:
             raise

@@ -35,8 +35,9 @@ class CodeBuilder:
         self._cells = set(template.co_cellvars)
         self._frees = set(template.co_freevars)
 
-    def emit(self, name: str, arg: Any = None) -> None:
-        self.bc.append(Instr(name) if arg is None else Instr(name, arg))
+    def emit(self, name: str, *arg: Any) -> None:
+        """Append one instruction; `arg` is omitted for instructions that take none."""
+        self.bc.append(Instr(name, *arg))
 
     def label(self) -> Label:
         return Label()
@@ -121,9 +122,11 @@ class CodeBuilder:
     def unpack(self, count: int) -> None:
         self.emit("UNPACK_SEQUENCE", count)
 
-    def jump_if_false(self, label: Label) -> None:
-        name = "POP_JUMP_IF_FALSE" if PY312 else "POP_JUMP_FORWARD_IF_FALSE"
-        self.emit(name, label)
+    def pop_jump_if(self, condition: str, label: Label) -> None:
+        """condition: TRUE, FALSE, NONE or NOT_NONE (a forward jump)."""
+        self.emit(
+            f"POP_JUMP_IF_{condition}" if PY312 else f"POP_JUMP_FORWARD_IF_{condition}", label
+        )
 
     def return_value(self) -> None:
         self.emit("RETURN_VALUE")

@@ -23,6 +23,8 @@ class CacheEntry:
     code: types.CodeType
     graph: torch.fx.GraphModule | None
     compiled_name: str | None
+    graph_break: Unsupported | None = None
+    """Why the capture stopped early (the rest runs in a resume function), if it did."""
 
 
 @dataclasses.dataclass(slots=True)

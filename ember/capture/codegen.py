@@ -8,16 +8,21 @@ the return value from graph outputs, constants, sources and fresh containers, an
 
 from __future__ import annotations
 
+import dataclasses
 import types
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from ember.bytecode import CodeBuilder
+from ember.bytecode import CodeBuilder, Inst, Op
 from ember.capture.output_graph import Harvest
+from ember.capture.resume import stack_param
 from ember.capture.side_effects import SideEffects
-from ember.capture.values.base import Value
+from ember.capture.values.base import NullValue, Value
 from ember.capture.values.containers import DictValue, ListValue, SequenceValue
-from ember.capture.values.objects import UserObjectValue
+from ember.capture.values.functions import BoundMethodValue, MethodValue, UserFunctionValue
+from ember.capture.values.objects import ModuleValue, UserObjectValue
 from ember.capture.values.tensor import TensorValue
 from ember.errors import BreakReason, Unsupported
 
@@ -94,10 +99,46 @@ def live_tensors(values: list[Value]) -> list[TensorValue]:
         elif isinstance(v, UserObjectValue) and v.is_new:
             for item in v.attrs.values():
                 visit(item)
+        elif isinstance(v, (MethodValue, BoundMethodValue)):
+            visit(v.receiver)
 
     for value in values:
         visit(value)
     return found
+
+
+_JUMP_CONDITIONS = {
+    Op.POP_JUMP_IF_TRUE: "TRUE",
+    Op.POP_JUMP_IF_FALSE: "FALSE",
+    Op.POP_JUMP_IF_NONE: "NONE",
+    Op.POP_JUMP_IF_NOT_NONE: "NOT_NONE",
+}
+
+
+@dataclasses.dataclass
+class BreakSite:
+    """What the break's code needs from the interrupted frame."""
+
+    inst: Inst
+    stack: list[Value]
+    locals: dict[str, Value]
+    untouched_args: list[str]
+    kw_names: tuple[str, ...]
+    make_resume: Callable[[int, list[bool], list[str]], str]
+    """(target index, NULL positions of the stack, local names) -> installed global name."""
+    wrap_callee: Callable[[Any], Any]
+    """Wrap a user function so that, run in Python at the break, it is compiled by ember."""
+
+
+def _call_graph(cg: CodeBuilder, compiled_name: str | None, harvest: Harvest) -> None:
+    if compiled_name is None:
+        return
+    cg.push_null()
+    cg.load_global(compiled_name)
+    for graph_input in harvest.inputs:
+        graph_input.source.emit(cg)
+    cg.call(len(harvest.inputs))
+    cg.store_fast(GRAPH_OUT)
 
 
 def build_replacement(
@@ -108,16 +149,103 @@ def build_replacement(
     result: Value,
 ) -> types.CodeType:
     """The code object that replaces the user's function body for one cache entry."""
-    cg = CodeBuilder(template, name_suffix="")
+    cg = CodeBuilder(template)
     em = Emitter(cg, harvest.output_index)
-    if compiled_name is not None:
-        cg.push_null()
-        cg.load_global(compiled_name)
-        for graph_input in harvest.inputs:
-            graph_input.source.emit(cg)
-        cg.call(len(harvest.inputs))
-        cg.store_fast(GRAPH_OUT)
+    _call_graph(cg, compiled_name, harvest)
     effects.replay(em)
     em.reconstruct(result)
     cg.return_value()
+    return cg.to_code()
+
+
+def _reconstruct_callee(em: Emitter, value: Value, site: BreakSite) -> None:
+    """The callable of the call that broke: user functions go through ember again."""
+    if isinstance(value, UserFunctionValue):
+        em.cg.load_const(site.wrap_callee(value.fn))
+    elif isinstance(value, BoundMethodValue) and isinstance(value.fn, UserFunctionValue):
+        em.cg.push_null()
+        em.cg.load_const(types.MethodType)
+        em.cg.load_const(site.wrap_callee(value.fn.fn))
+        em.reconstruct(value.receiver)
+        em.cg.call(2)
+    elif isinstance(value, ModuleValue) and value.source is not None:
+        value.source.emit(em.cg)
+    else:
+        em.reconstruct(value)
+
+
+def _call_resume(cg: CodeBuilder, name: str, nulls: list[bool], local_names: list[str]) -> None:
+    cg.push_null()
+    cg.load_global(name)
+    count = 0
+    for i, is_null in enumerate(nulls):
+        if not is_null:
+            cg.load_fast(stack_param(i))
+            count += 1
+    for local in local_names:
+        cg.load_fast(local)
+    cg.call(count + len(local_names))
+    cg.return_value()
+
+
+def build_break_replacement(
+    template: types.CodeType,
+    compiled_name: str | None,
+    harvest: Harvest,
+    effects: SideEffects,
+    site: BreakSite,
+) -> types.CodeType:
+    """Replacement code for a capture that stopped at an unsupported instruction: run the
+    graph, replay the ledger, restore the frame, run that instruction in CPython, then
+    return the result of the resume function that continues after it."""
+    cg = CodeBuilder(template)
+    em = Emitter(cg, harvest.output_index)
+    _call_graph(cg, compiled_name, harvest)
+    effects.replay(em)
+    stack, inst = site.stack, site.inst
+    nulls = [isinstance(v, NullValue) for v in stack]
+    callee_at = len(stack) - inst.arg - 1 if inst.op is Op.CALL else -1
+    for i, value in enumerate(stack):
+        if not nulls[i]:
+            if i == callee_at:
+                _reconstruct_callee(em, value, site)
+            else:
+                em.reconstruct(value)
+            cg.store_fast(stack_param(i))
+    for name, value in site.locals.items():
+        em.reconstruct(value)
+        cg.store_fast(name)
+    local_names = list(site.locals) + site.untouched_args
+    if inst.op in _JUMP_CONDITIONS:
+        rest = nulls[:-1]
+        cg.load_fast(stack_param(len(stack) - 1))
+        taken = cg.label()
+        cg.pop_jump_if(_JUMP_CONDITIONS[inst.op], taken)
+        _call_resume(cg, site.make_resume(inst.index + 1, rest, local_names), rest, local_names)
+        cg.place(taken)
+        _call_resume(cg, site.make_resume(inst.target, rest, local_names), rest, local_names)
+        return cg.to_code()
+    if inst.op is Op.CALL:
+        consumed = inst.arg + 2
+    elif inst.op is Op.CALL_FUNCTION_EX:
+        consumed = 3 + (inst.arg & 1)
+    else:
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_OPCODE,
+            f"a graph break at {inst.opname} cannot be resumed",
+            hint="the function runs eagerly",
+        )
+    base = len(stack) - consumed
+    for i in range(base, len(stack)):
+        if nulls[i]:
+            cg.push_null()
+        else:
+            cg.load_fast(stack_param(i))
+    if inst.op is Op.CALL:
+        cg.call(inst.arg, site.kw_names)
+    else:
+        cg.call_ex(bool(inst.arg & 1))
+    cg.store_fast(stack_param(base))
+    rest = nulls[:base] + [False]
+    _call_resume(cg, site.make_resume(inst.index + 1, rest, local_names), rest, local_names)
     return cg.to_code()

@@ -9,6 +9,7 @@ This is the capture stage's pipeline, in order:
 from __future__ import annotations
 
 import dis
+import functools
 import io
 import itertools
 import types
@@ -20,10 +21,16 @@ import torch
 from ember import logs
 from ember.backends import backend_name
 from ember.capture.cache import CacheEntry
-from ember.capture.codegen import build_replacement, live_tensors
+from ember.capture.codegen import (
+    BreakSite,
+    build_break_replacement,
+    build_replacement,
+    live_tensors,
+)
 from ember.capture.guards import build_guard_function
+from ember.capture.resume import covered_by_handler, make_resume_function
 from ember.capture.translator import CaptureContext, root_translator
-from ember.errors import BackendCompilerFailed
+from ember.errors import BackendCompilerFailed, Unsupported
 
 _counter = itertools.count()
 
@@ -47,14 +54,22 @@ def capture_call(
     args: tuple,
     kwargs: dict,
     backend: Callable[..., Any],
+    wrap: Callable[[types.FunctionType], Callable[..., Any]] | None = None,
 ) -> CacheEntry:
-    """Capture `fn(*args, **kwargs)`; raises Unsupported if the whole frame cannot be captured."""
+    """Capture `fn(*args, **kwargs)`. With `wrap` (how to compile a resume function), an
+    unsupported instruction becomes a graph break; without it, Unsupported propagates."""
     ctx = CaptureContext.new(fn)
     grad_mode = torch.is_grad_enabled()
     try:
-        tracer = root_translator(ctx, fn, args, kwargs)
+        tracer = root_translator(ctx, fn, args, kwargs, allow_break=wrap is not None)
         result = tracer.run()
-        outputs = live_tensors([result, *ctx.effects.pending_values()])
+        brk = tracer.graph_break
+        if brk is not None:
+            _check_resumable(fn, tracer)
+            live = [*tracer.stack, *tracer.locals.values()]
+        else:
+            live = [result]
+        outputs = live_tensors([*live, *ctx.effects.pending_values()])
         harvest = ctx.out.harvest(outputs)
     finally:
         torch._C._set_grad_enabled(grad_mode)
@@ -67,7 +82,20 @@ def capture_call(
             logs.log("graph_code", "TRACED GRAPH %s\n%s", compiled_name, graph_code(graph))
         compiled = _call_backend(backend, graph, harvest.example_inputs)
         fn.__globals__[compiled_name] = compiled
-    code = build_replacement(fn.__code__, compiled_name, harvest, ctx.effects, result)
+    if brk is None:
+        code = build_replacement(fn.__code__, compiled_name, harvest, ctx.effects, result)
+    else:
+        logs.log("graph_breaks", "graph break in %s: %s", fn.__qualname__, brk.reason)
+        site = BreakSite(
+            brk.inst,
+            tracer.stack,
+            tracer.locals,
+            list(tracer._lazy_args),
+            tracer.kw_names,
+            functools.partial(_install_resume, fn, tracer, wrap),
+            wrap,
+        )
+        code = build_break_replacement(fn.__code__, compiled_name, harvest, ctx.effects, site)
     guard = build_guard_function(ctx.guards, fn)
     if logs.enabled("guards"):
         logs.log("guards", "GUARDS for %s\n%s", fn.__qualname__, guard.source_text)
@@ -83,7 +111,36 @@ def capture_call(
         code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
     )
     replacement.__kwdefaults__ = fn.__kwdefaults__
-    return CacheEntry(guard, replacement, code, graph, compiled_name)
+    return CacheEntry(
+        guard, replacement, code, graph, compiled_name, brk.reason if brk is not None else None
+    )
+
+
+def _check_resumable(fn: types.FunctionType, tracer: Any) -> None:
+    """A break inside a try/with block cannot resume (the handler would be lost)."""
+    if covered_by_handler(fn.__code__, tracer.graph_break.inst):
+        reason = tracer.graph_break.reason
+        raise Unsupported(
+            reason.reason,
+            f"{reason.detail} (inside a try/with block, where ember cannot resume; "
+            "the function runs eagerly)",
+            location=reason.location,
+            source_line=reason.source_line,
+        )
+
+
+def _install_resume(
+    fn: types.FunctionType,
+    tracer: Any,
+    wrap: Callable[..., Any],
+    target: int,
+    nulls: list[bool],
+    local_names: list[str],
+) -> str:
+    resume = make_resume_function(fn, target, nulls, local_names, tracer.insts)
+    name = f"__resume_{next(_counter)}"
+    fn.__globals__[name] = wrap(resume)
+    return name
 
 
 def _call_backend(

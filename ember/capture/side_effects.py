@@ -23,9 +23,16 @@ class SideEffects:
         self._containers: dict[int, Value] = {}
         self._globals: dict[tuple[int, str], tuple[dict, str, Value]] = {}
         self._cells: dict[int, tuple[Any, Value]] = {}
+        self.version = 0
+        """Counts every recorded mutation, also of objects made during capture, so a graph
+        break can tell whether a failed instruction had already changed Python state."""
+
+    def touch(self) -> None:
+        self.version += 1
 
     # recording (and reading back: the ledger is the truth during capture)
     def store_attr(self, obj: Value, name: str, value: Value) -> None:
+        self.version += 1
         self._attrs.setdefault(id(obj), (obj, {}))[1][name] = value
 
     def load_attr(self, obj: Value, name: str) -> Value | None:
@@ -33,10 +40,12 @@ class SideEffects:
         return entry[1].get(name) if entry else None
 
     def mutated(self, container: Value) -> None:
+        self.version += 1
         if container.source is not None:
             self._containers[id(container)] = container
 
     def store_global(self, f_globals: dict, name: str, value: Value) -> None:
+        self.version += 1
         self._globals[(id(f_globals), name)] = (f_globals, name, value)
 
     def load_global(self, f_globals: dict, name: str) -> Value | None:
@@ -44,6 +53,7 @@ class SideEffects:
         return entry[2] if entry else None
 
     def store_cell(self, cell: Any, value: Value) -> None:
+        self.version += 1
         self._cells[id(cell)] = (cell, value)
 
     def load_cell(self, cell: Any) -> Value | None:

@@ -31,6 +31,25 @@ from ember.errors import BreakReason, Unsupported
 MAX_STEPS = 200_000
 
 
+@dataclasses.dataclass(slots=True)
+class Checkpoint:
+    """The root frame's state before an instruction, to resume from at a graph break."""
+
+    stack: list[Value]
+    locals: dict[str, Value]
+    lazy_args: dict[str, Any]
+    kw_names: tuple[str, ...]
+    node_count: int
+    effects_version: int
+    grad_enabled: bool
+
+
+@dataclasses.dataclass(slots=True)
+class GraphBreak:
+    inst: Inst
+    reason: Unsupported
+
+
 @dataclasses.dataclass
 class CaptureContext:
     """Everything one capture builds, shared by all frames of the trace."""
@@ -80,6 +99,8 @@ class Translator:
         self.current: Inst | None = None
         self._lazy_args = lazy_args or {}
         self._steps = 0
+        self.allow_break = False
+        self.graph_break: GraphBreak | None = None
 
     # stack
     def push(self, value: Value) -> None:
@@ -166,10 +187,14 @@ class Translator:
         return f"{self.code.co_filename}:{line}", text
 
     # the loop
-    def run(self) -> Value:
+    def run(self) -> Value | None:
+        """Interpret until RETURN. The root frame of a capture that allows graph breaks
+        stops at the first unsupported instruction instead, leaving `self.graph_break` set
+        and the frame as it was just before that instruction; it then returns None."""
         from ember.capture.handlers import HANDLERS
 
         while self.returned is None:
+            checkpoint = self._checkpoint() if self.allow_break else None
             if self.ip >= len(self.insts):
                 raise Unsupported(BreakReason.DYNAMIC_CONTROL_FLOW, "fell off the end of code")
             inst = self.insts[self.ip]
@@ -192,8 +217,38 @@ class Translator:
                 where, text = self.location()
                 exc.at(where, text)
                 exc.user_stack.append(f"{where} in {self.code.co_name}: {text}")
-                raise
+                if checkpoint is None or not self._restore(checkpoint):
+                    raise
+                self.graph_break = GraphBreak(inst, exc)
+                return None
         return self.returned
+
+    def _checkpoint(self) -> Checkpoint:
+        nodes = self.ctx.out.graph.nodes
+        return Checkpoint(
+            list(self.stack),
+            dict(self.locals),
+            dict(self._lazy_args),
+            self.kw_names,
+            len(nodes),
+            self.ctx.effects.version,
+            torch.is_grad_enabled(),
+        )
+
+    def _restore(self, cp: Checkpoint) -> bool:
+        """Put the frame back as it was before the failed instruction (False when Python
+        objects were already mutated by it, which cannot be undone)."""
+        if self.ctx.effects.version != cp.effects_version:
+            return False
+        graph = self.ctx.out.graph
+        for node in reversed(list(graph.nodes)[cp.node_count :]):
+            if node.op == "placeholder":
+                continue
+            graph.erase_node(node)
+        torch._C._set_grad_enabled(cp.grad_enabled)
+        self.stack, self.locals, self._lazy_args = cp.stack, cp.locals, cp.lazy_args
+        self.kw_names = cp.kw_names
+        return True
 
     def inline_call(
         self,
@@ -279,7 +334,7 @@ def bind_arguments(
 
 
 def root_translator(
-    ctx: CaptureContext, fn: types.FunctionType, args: tuple, kwargs: dict
+    ctx: CaptureContext, fn: types.FunctionType, args: tuple, kwargs: dict, allow_break: bool
 ) -> Translator:
     """The translator of the function being compiled, its arguments wrapped on first use."""
     real = inspect.signature(fn).bind(*args, **kwargs)
@@ -289,4 +344,6 @@ def root_translator(
     for index, (name, cell) in enumerate(zip(fn.__code__.co_freevars, fn.__closure__ or ())):
         cells[name] = RealCell(cell, CellSource(name, index))
     ctx.guards.add(GuardKind.GRAD_MODE, None, torch.is_grad_enabled())
-    return Translator(ctx, fn.__code__, fn.__globals__, {}, cells, lazy_args=lazy)
+    tracer = Translator(ctx, fn.__code__, fn.__globals__, {}, cells, lazy_args=lazy)
+    tracer.allow_break = allow_break
+    return tracer

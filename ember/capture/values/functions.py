@@ -70,6 +70,11 @@ class UserFunctionValue(Value):
             return ConstantValue(getattr(self.fn, name))
         return super().getattr(tx, name)
 
+    def reconstruct(self, em: Emitter) -> None:
+        if self.source is not None:
+            return super().reconstruct(em)
+        em.cg.load_const(self.fn)
+
 
 class RealCell:
     """A real closure cell (of the compiled function or of an inlined one) and the source
@@ -144,6 +149,10 @@ class MethodValue(Value):
     def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
         return self.receiver.call_method(tx, self.name, args, kwargs)
 
+    def reconstruct(self, em: Emitter) -> None:
+        em.reconstruct(self.receiver)
+        em.cg.load_attr(self.name)
+
 
 class BoundMethodValue(Value):
     """A user function bound to a symbolic `self` (methods of modules and user objects)."""
@@ -161,6 +170,13 @@ class BoundMethodValue(Value):
 
     def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
         return self.fn.call(tx, [self.receiver, *args], kwargs)
+
+    def reconstruct(self, em: Emitter) -> None:
+        if self.source is not None:
+            return super().reconstruct(em)
+        em.reconstruct(self.receiver)
+        fn = self.fn
+        em.cg.load_attr(fn.fn.__name__ if isinstance(fn, UserFunctionValue) else fn.code.co_name)
 
     def getattr(self, tx: Translator, name: str) -> Value:
         if name == "__self__":
@@ -241,6 +257,9 @@ class BuiltinValue(Value):
         if name in ("__name__", "__qualname__", "__module__"):
             return ConstantValue(getattr(self.fn, name))
         return super().getattr(tx, name)
+
+    def reconstruct(self, em: Emitter) -> None:
+        em.cg.load_const(self.fn)
 
 
 # torch functions that change global state or leave the graph: refused, never traced.

@@ -189,6 +189,7 @@ class UserObjectValue(Value):
 
     def setattr(self, tx: Translator, name: str, value: Value) -> None:
         if self.is_new:
+            tx.ctx.effects.touch()
             self.attrs[name] = value
         else:
             tx.ctx.effects.store_attr(self, name, value)
@@ -241,6 +242,9 @@ class ClassValue(Value):
 
     def as_constant(self) -> Any:
         return self.cls
+
+    def reconstruct(self, em: Emitter) -> None:
+        em.cg.load_const(self.cls)
 
     def getattr(self, tx: Translator, name: str) -> Value:
         if name in ("__name__", "__qualname__", "__module__"):
@@ -296,6 +300,9 @@ class PyModuleValue(Value):
     def describe(self) -> str:
         return f"module {self.module.__name__}"
 
+    def reconstruct(self, em: Emitter) -> None:
+        em.cg.load_const(self.module)
+
     def python_type(self) -> type:
         return types.ModuleType
 
@@ -325,6 +332,7 @@ class CellValue:
         return self.contents
 
     def store(self, tx: Translator, value: Value) -> None:
+        tx.ctx.effects.touch()
         self.contents = value
 
 
