@@ -24,8 +24,9 @@ def _close(a: Any, b: Any, **tol: Any) -> None:
     torch.testing.assert_close(a, b, equal_nan=True, **tol)
 
 
+@torch.no_grad()
 def check(fn: Any, *inputs: Any, **tol: Any) -> list:
-    """Compile `fn`, compare to eager twice (second call: cached path), return artifacts.
+    """Compile `fn` (inference), compare to eager twice, return the compiled artifacts.
 
     Fails if the backend fell back to running the whole graph as aten ops.
     """

@@ -80,7 +80,9 @@ class _Writer:
         for b, donor in self.plan.allocs[i]:
             buf = self.buffers[b]
             if donor is not None:
-                self.var[b] = self.var[donor]
+                src = self.var[donor]
+                self.body.append(f"    {b} = {src}  # reuses the storage of {donor}")
+                self.var[b], self.actual[b] = b, self.actual[src]
                 continue
             lay, dt = buf.layout, _torch_dtype(buf.dtype)
             if lay == Layout.contiguous(lay.size):

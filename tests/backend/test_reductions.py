@@ -1,0 +1,78 @@
+"""Reductions against eager over every dim, keepdim, NaN, integers, empty dims."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.backend.helpers import check, kernel_count
+
+
+def reductions(x):
+    out = []
+    for d in range(x.dim()):
+        out += [
+            x.sum(d),
+            x.mean(d, keepdim=True),
+            x.amax(d),
+            x.amin(d, keepdim=True),
+            x.var(d),
+        ]
+    return out + [x.sum(), x.amax(), x.mean((0, 2)), x.prod(1), x.std(-1, correction=0)]
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_every_dim(transposed):
+    x = torch.randn(5, 7, 9)
+    if transposed:
+        x = torch.randn(9, 7, 5).permute(2, 1, 0)
+    check(reductions, x)
+
+
+def test_nan_and_inf_propagate():
+    x = torch.randn(6, 33)
+    x[1, 3] = float("nan")
+    x[2, 5] = float("inf")
+    x[3, :] = -float("inf")
+
+    def f(x):
+        return x.amax(-1), x.amin(-1), x.sum(-1), torch.softmax(x, -1), x.amax(0)
+
+    check(f, x)
+
+
+def test_integer_and_bool_reductions():
+    x = torch.randint(-100, 100, (4, 50), dtype=torch.int32)
+
+    def f(x):
+        return x.sum(-1), x.amax(0), (x > 0).sum(1), x.long().prod(0) % 7
+
+    check(f, x)
+
+
+def test_empty_reduction_dims():
+    def f(x):
+        return x.sum(1), x.mean(1), x.sum(0)
+
+    check(f, torch.randn(3, 0))
+
+
+def test_large_sum_accuracy():
+    x = torch.rand(1 << 20) + 1.0
+
+    def f(x):
+        return x.sum(), x.view(1024, 1024).sum(0)
+
+    check(f, x, rtol=1e-5, atol=1e-2)
+
+
+def test_softmax_variants_fuse_to_one_kernel():
+    def f(x):
+        return torch.softmax(x, -1), torch.log_softmax(x, -1)
+
+    (art,) = check(f, torch.randn(64, 100))
+    assert kernel_count(art) == 1
+
+
+def test_softmax_over_leading_dim():
+    check(lambda x: torch.softmax(x, 0), torch.randn(33, 20))
