@@ -103,15 +103,17 @@ class SideEffects:
         cg = em.cg
         source = container.source
         if isinstance(container, DictValue):
+            # the new contents are built before clear(): they may read the dict's old items
+            cg.push_null()
+            em.rebuild_fresh(container)
             cg.push_null()
             source.emit(cg)
             cg.load_attr("clear")
             cg.call(0)
             cg.pop_top()
-            cg.push_null()
             source.emit(cg)
             cg.load_attr("update")
-            em.rebuild_fresh(container)
+            cg.swap(2)
             cg.call(1)
             cg.pop_top()
             return
