@@ -88,6 +88,8 @@ class Op(enum.Enum):
     RETURN_CONST = enum.auto()
     BEFORE_WITH = enum.auto()
     LOAD_ASSERTION_ERROR = enum.auto()
+    RETURN_GENERATOR = enum.auto()
+    YIELD_VALUE = enum.auto()
     RAISE_VARARGS = enum.auto()
     CALL_INTRINSIC_1 = enum.auto()
     GET_LEN = enum.auto()
@@ -132,10 +134,8 @@ UNSUPPORTED: dict[str, str] = {
         ],
         "coroutines and async code are not captured",
     ),
-    **dict.fromkeys(
-        ["YIELD_VALUE", "RETURN_GENERATOR", "GET_YIELD_FROM_ITER"],
-        "generators are not captured",
-    ),
+    "GET_YIELD_FROM_ITER": "`yield from` is not captured (plain `yield` and generator "
+    "expressions are)",
     **dict.fromkeys(
         [
             "PUSH_EXC_INFO",

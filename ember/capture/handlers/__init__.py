@@ -33,9 +33,20 @@ from ember.capture.handlers import (  # noqa: E402  (the families register into 
     calls,
     containers,
     control,
+    generators,
     names,
     operators,
     stack,
 )
 
-__all__ = ["HANDLERS", "handler", "calls", "containers", "control", "names", "operators", "stack"]
+__all__ = [
+    "HANDLERS",
+    "handler",
+    "calls",
+    "containers",
+    "control",
+    "generators",
+    "names",
+    "operators",
+    "stack",
+]

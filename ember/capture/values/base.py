@@ -119,7 +119,7 @@ class ConstantValue(Value):
         return len(self.value)
 
     def iterate(self, tx: Translator) -> list[Value]:
-        if isinstance(self.value, (str, bytes, range, frozenset)):
+        if isinstance(self.value, (str, bytes, range, frozenset, tuple)):
             return [ConstantValue(v) for v in self.value]
         return super().iterate(tx)
 

@@ -362,6 +362,13 @@ class SliceValue(Value):
     def __init__(self, parts: list[Value]) -> None:
         self.parts = parts
 
+    def getattr(self, tx: Translator, name: str) -> Value:
+        if name in ("start", "stop", "step"):
+            full = list(self.parts) if len(self.parts) != 1 else [ConstantValue(None), *self.parts]
+            full += [ConstantValue(None)] * (3 - len(full))
+            return full[("start", "stop", "step").index(name)]
+        return super().getattr(tx, name)
+
     def python_type(self) -> type:
         return slice
 
