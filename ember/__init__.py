@@ -8,6 +8,7 @@ ember.explain(fn)(*args)             # graphs, guards and graph breaks
 from ember import config
 from ember.api import compile, disable, reset
 from ember.errors import BackendCompilerFailed, BreakReason, Unsupported
+from ember.explain import explain
 from ember.logs import set_logs
 
 __version__ = "0.1.0"
@@ -19,6 +20,7 @@ __all__ = [
     "compile",
     "config",
     "disable",
+    "explain",
     "reset",
     "set_logs",
 ]

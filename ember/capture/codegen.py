@@ -17,7 +17,6 @@ import torch
 
 from ember.bytecode import CodeBuilder, Inst, Op
 from ember.capture.output_graph import Harvest
-from ember.capture.resume import stack_param
 from ember.capture.side_effects import SideEffects
 from ember.capture.values.base import NullValue, Value
 from ember.capture.values.containers import DictValue, ListValue, SequenceValue
@@ -27,6 +26,12 @@ from ember.capture.values.tensor import TensorValue
 from ember.errors import BreakReason, Unsupported
 
 GRAPH_OUT = "___graph_out"
+
+
+def break_temp(i: int) -> str:
+    """Where break code keeps stack slot i (not `___stack_i`: a resume function that breaks
+    again still reads its own `___stack_i` parameters while rebuilding values)."""
+    return f"___break_{i}"
 
 
 class Emitter:
@@ -180,7 +185,7 @@ def _call_resume(cg: CodeBuilder, name: str, nulls: list[bool], local_names: lis
     count = 0
     for i, is_null in enumerate(nulls):
         if not is_null:
-            cg.load_fast(stack_param(i))
+            cg.load_fast(break_temp(i))
             count += 1
     for local in local_names:
         cg.load_fast(local)
@@ -211,14 +216,14 @@ def build_break_replacement(
                 _reconstruct_callee(em, value, site)
             else:
                 em.reconstruct(value)
-            cg.store_fast(stack_param(i))
+            cg.store_fast(break_temp(i))
     for name, value in site.locals.items():
         em.reconstruct(value)
         cg.store_fast(name)
     local_names = list(site.locals) + site.untouched_args
     if inst.op in _JUMP_CONDITIONS:
         rest = nulls[:-1]
-        cg.load_fast(stack_param(len(stack) - 1))
+        cg.load_fast(break_temp(len(stack) - 1))
         taken = cg.label()
         cg.pop_jump_if(_JUMP_CONDITIONS[inst.op], taken)
         _call_resume(cg, site.make_resume(inst.index + 1, rest, local_names), rest, local_names)
@@ -240,12 +245,12 @@ def build_break_replacement(
         if nulls[i]:
             cg.push_null()
         else:
-            cg.load_fast(stack_param(i))
+            cg.load_fast(break_temp(i))
     if inst.op is Op.CALL:
         cg.call(inst.arg, site.kw_names)
     else:
         cg.call_ex(bool(inst.arg & 1))
-    cg.store_fast(stack_param(base))
+    cg.store_fast(break_temp(base))
     rest = nulls[:base] + [False]
     _call_resume(cg, site.make_resume(inst.index + 1, rest, local_names), rest, local_names)
     return cg.to_code()

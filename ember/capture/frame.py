@@ -33,6 +33,8 @@ from ember.capture.translator import CaptureContext, root_translator
 from ember.errors import BackendCompilerFailed, Unsupported
 
 _counter = itertools.count()
+_listeners: list[Callable[[CacheEntry], None]] = []
+"""Called with every new cache entry (ember.explain records captures this way)."""
 
 
 def graph_code(gm: torch.fx.GraphModule) -> str:
@@ -86,11 +88,14 @@ def capture_call(
         code = build_replacement(fn.__code__, compiled_name, harvest, ctx.effects, result)
     else:
         logs.log("graph_breaks", "graph break in %s: %s", fn.__qualname__, brk.reason)
+        # a resume function's own stack parameters are dead once its prologue has run
+        live_locals = {k: v for k, v in tracer.locals.items() if not k.startswith("___stack_")}
+        untouched = [k for k in tracer._lazy_args if not k.startswith("___stack_")]
         site = BreakSite(
             brk.inst,
             tracer.stack,
-            tracer.locals,
-            list(tracer._lazy_args),
+            live_locals,
+            untouched,
             tracer.kw_names,
             functools.partial(_install_resume, fn, tracer, wrap),
             wrap,
@@ -111,9 +116,12 @@ def capture_call(
         code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
     )
     replacement.__kwdefaults__ = fn.__kwdefaults__
-    return CacheEntry(
+    entry = CacheEntry(
         guard, replacement, code, graph, compiled_name, brk.reason if brk is not None else None
     )
+    for listener in _listeners:
+        listener(entry)
+    return entry
 
 
 def _check_resumable(fn: types.FunctionType, tracer: Any) -> None:
