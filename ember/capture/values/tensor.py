@@ -126,6 +126,11 @@ class TensorValue(Value):
             raise Unsupported(BreakReason.UNSUPPORTED_ATTRIBUTE, "reading .grad of a tensor")
         if callable(getattr(torch.Tensor, name, None)):
             return MethodValue(self, name)
+        if not hasattr(torch.Tensor, name):
+            # what eager raises: getattr(x, name, default) and hasattr(x, name) rely on it
+            raise Unsupported(
+                BreakReason.EXCEPTION_RAISED, f"AttributeError: tensor has no attribute {name!r}"
+            )
         raise Unsupported(BreakReason.UNSUPPORTED_ATTRIBUTE, f"tensor attribute {name!r}")
 
     def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
@@ -134,7 +139,7 @@ class TensorValue(Value):
 
             kw = {k: v.as_constant() for k, v in kwargs.items()}
             result = getattr(self.example, name)(*constants(args), **kw)
-            return ConstantValue(tuple(result) if isinstance(result, torch.Size) else result)
+            return ConstantValue(result)
         if name in _TO_PYTHON:
             raise Unsupported(
                 BreakReason.TENSOR_TO_PYTHON,
