@@ -43,7 +43,7 @@ def p_isinstance(x):
 
 
 def p_getattr_hasattr(x):
-    fn = getattr(x, "relu")
+    fn = getattr(x, "relu")  # noqa: B009  (the getattr builtin is what is tested)
     default = getattr(x, "not_a_tensor_attribute", 2.0)
     return fn() * default, hasattr(x, "shape"), hasattr(x, "nothing_here"), hasattr(torch, "sin")
 
@@ -78,7 +78,7 @@ def p_round_divmod_pow(x):
 
 def p_type_and_callable(x):
     t = type(x)
-    return t.__name__, callable(torch.relu), x * (type(3) is int)
+    return t.__name__, callable(torch.relu), x * (type(3) is int)  # noqa: UP003  (type() is tested)
 
 
 def p_sorted_reversed(x):
