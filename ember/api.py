@@ -56,7 +56,7 @@ def _disabled(fn: Any) -> bool:
 
 def _run_cached(fn: types.FunctionType, opts: CompileOptions, args: tuple, kwargs: dict) -> Any:
     """The slow path: no entry matched."""
-    cache = frame_cache.cache_for(fn.__code__)
+    cache = frame_cache.cache_for(fn.__code__, opts)
     if cache.eager_reason is not None:
         return fn(*args, **kwargs)
     limit = config.current().recompile_limit
@@ -95,7 +95,7 @@ def compile_function(fn: Callable[..., Any], opts: CompileOptions) -> Callable[.
     if _disabled(fn):
         return fn
     original = getattr(fn, "_ember_original", fn)
-    entries = frame_cache.cache_for(original.__code__).entries
+    entries = frame_cache.cache_for(original.__code__, opts).entries
 
     @functools.wraps(original)
     def compiled(*args: Any, **kwargs: Any) -> Any:

@@ -35,15 +35,25 @@ class FrameCache:
     misses: list[str] = dataclasses.field(default_factory=list)
 
 
-_caches: dict[types.CodeType, FrameCache] = {}
+_caches: dict[tuple[types.CodeType, Any], FrameCache] = {}
 
 
-def cache_for(code: types.CodeType) -> FrameCache:
-    cache = _caches.get(code)
+_latest: dict[types.CodeType, FrameCache] = {}
+
+
+def cache_for(code: types.CodeType, options: Any = None) -> FrameCache:
+    """The cache of one code object compiled with one set of options (a function compiled
+    twice, say once with fullgraph=True, keeps separate entries). Without options: the
+    cache most recently created for the code (for inspection in tests and tools)."""
+    if options is None:
+        return _latest.get(code) or FrameCache()
+    key = (code, options)
+    cache = _caches.get(key)
     if cache is None:
-        cache = _caches[code] = FrameCache()
+        cache = _caches[key] = _latest[code] = FrameCache()
     return cache
 
 
 def reset() -> None:
     _caches.clear()
+    _latest.clear()

@@ -183,7 +183,7 @@ class ValueBuilder:
             and not isinstance(value, type)
         ):
             return BuiltinValue(value)
-        if value in (torch.no_grad, torch.enable_grad, torch.set_grad_enabled):
+        if any(value is c for c in (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)):
             return GradModeClassValue(value)
         if isinstance(value, type):
             from ember.capture.values.builtins import BUILTINS
