@@ -56,7 +56,7 @@ def breaks_twice(x):
 
 def loop_break(x):
     out = x
-    for i in range(3):
+    for _ in range(3):
         out = out * 2
         if out.sum() > 100:
             out = out / 100
@@ -87,7 +87,7 @@ def numpy_call(x):
 
 def kwargs_break(x):
     y = x.relu()
-    s = "{a}-{b}".format(a=1, b=2)
+    s = "{a}-{b}".format(a=1, b=2)  # noqa: UP032  (the call under test)
     return y * len(s)
 
 
