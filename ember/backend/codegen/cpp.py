@@ -261,7 +261,13 @@ class KernelWriter:
                 self.lines.append(f"{ind}for (int64_t x{i} = 0; x{i} < {s}; ++x{i}) {{")
                 ind += "  "
         scalars: dict[str, str] = {}
-        for lp in k.loops:
+        self.stash, self.preset = _shared_across_loops(k.loops)
+        for j, exprs in self.stash.items():
+            for e, name in exprs:
+                size = k.loops[j].inner[0]
+                self.lines.append(f"{ind}{VALUE_T[e.dtype]} {name}[{size}];")
+        for j, lp in enumerate(k.loops):
+            self.loop_index = j
             self._loop(lp, ind, scalars)
         for _ in range(n + 1):
             ind = ind[:-2]
@@ -271,6 +277,8 @@ class KernelWriter:
     def _statements(self, nodes, ind: str, scalars: dict[str, str], lane: str | None) -> None:
         """Pointwise stores and reduction accumulations of one element."""
         pr = BodyPrinter(self.lines, ind, dict(scalars))
+        j = self.loop_index
+        pr.memo.update(self.preset.get(j, {}))
         for node in nodes:
             v = pr.value(node.body)
             if isinstance(node, ir.Pointwise):
@@ -281,6 +289,8 @@ class KernelWriter:
                 acc = f"acc_{node.name}[{lane}]" if lane else f"red_{node.name}"
                 comb = _COMBINE[node.reduction_type].format(a=acc, b=v)
                 self.lines.append(f"{ind}{acc} = {comb};")
+        for e, name in self.stash.get(j, []):
+            self.lines.append(f"{ind}{name}[r0] = {pr.memo[e]};")
 
     def _loop(self, lp: Loop, ind: str, scalars: dict[str, str]) -> None:
         reds = [n for n in lp.nodes if isinstance(n, ir.Reduction)]
@@ -347,6 +357,48 @@ class KernelWriter:
         for _ in range(close):
             ind = ind[:-2]
             self.lines.append(f"{ind}}}")
+
+
+_EXPENSIVE = frozenset({U.EXP, U.LOG, U.TANH, U.ERF, U.SIGMOID, U.EXPM1, U.LOG1P, U.SIN, U.COS})
+MAX_SCRATCH = 16384  # elements of a per-row scratch array (on the thread's stack)
+
+
+def _subexprs(lp: Loop) -> set[ir.Expr]:
+    out: set[ir.Expr] = set()
+    for n in lp.nodes:
+        out.update(ir.walk(n.body))
+    return out
+
+
+def _expensive(e: ir.Expr) -> bool:
+    return any(isinstance(x, ir.Unary) and x.op in _EXPENSIVE for x in ir.walk(e))
+
+
+def _shared_across_loops(loops: tuple[Loop, ...]):
+    """Transcendental subexpressions an earlier loop over the same row computes and a later
+    loop needs again: the earlier loop keeps them in a per-row scratch array (softmax's exp
+    is computed once, not twice). Returns ({loop: [(expr, array)]}, {loop: {expr: ref}})."""
+    stash: dict[int, list] = {}
+    preset: dict[int, dict] = {}
+    subs = [_subexprs(lp) for lp in loops]
+    count = 0
+    for j, lp in enumerate(loops):
+        if len(lp.inner) != 1 or lp.inner[0] > MAX_SCRATCH:
+            continue
+        for i in range(j):
+            if loops[i].inner != lp.inner:
+                continue
+            shared = {e for e in subs[i] & subs[j] if _expensive(e)}
+            shared -= {e for e in shared if e in preset.get(j, {})}
+            top = [
+                e for e in shared if not any(e is not f and e in set(ir.walk(f)) for f in shared)
+            ]
+            for e in top:
+                name = f"scratch{count}"
+                count += 1
+                stash.setdefault(i, []).append((e, name))
+                preset.setdefault(j, {})[e] = f"{name}[r0]"
+    return stash, preset
 
 
 def kernel_source(k: Kernel, buffers: dict[str, ir.Buffer]) -> tuple[str, list[str]]:

@@ -86,7 +86,9 @@ class _Writer:
                 continue
             lay, dt = buf.layout, _torch_dtype(buf.dtype)
             if lay == Layout.contiguous(lay.size):
-                self.body.append(f"    {b} = _empty({tuple(lay.size)}, dtype={dt})")
+                # ints parse faster than a tuple
+                dims = "".join(f"{d}, " for d in lay.size) if lay.size else "(), "
+                self.body.append(f"    {b} = _empty({dims}dtype={dt})")
             else:
                 size, stride = tuple(lay.size), tuple(lay.stride)
                 self.body.append(f"    {b} = _empty_strided({size}, {stride}, dtype={dt})")
