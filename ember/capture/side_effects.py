@@ -74,38 +74,54 @@ class SideEffects:
         return values
 
     def replay(self, em: Emitter) -> None:
-        """Emit the stores that bring the outside world to its final state."""
+        """Emit the stores that bring the outside world to its final state.
+
+        Every new value is built first and only then stored: a value may read state that
+        another store replaces (`a.x, a.y = a.y, a.x`, a dict rebuilt from its own items)."""
+        from ember.capture.values.containers import DictValue
+
         cg = em.cg
+        stores: list[tuple[str, Any]] = []
         for container in self._containers.values():
             logs.log("side_effects", "replay contents of %s", container.source.name())
-            self._replay_container(em, container)
+            if isinstance(container, DictValue):
+                cg.push_null()  # below the dict's `update`, called once the contents are built
+            em.rebuild_fresh(container)
+            stores.append(("container", container))
         for obj, attrs in self._attrs.values():
             for name, value in attrs.items():
                 logs.log("side_effects", "replay %s.%s = ...", obj.source.name(), name)
                 em.reconstruct(value)
-                obj.source.emit(cg)
-                cg.store_attr(name)
+                stores.append(("attr", (obj, name)))
         for f_globals, name, value in self._globals.values():
             logs.log("side_effects", "replay global %s = ...", name)
             em.reconstruct(value)
-            cg.load_const(f_globals)
-            cg.load_const(name)
-            cg.store_subscr()
+            stores.append(("global", (f_globals, name)))
         for cell, value in self._cells.values():
             logs.log("side_effects", "replay closure cell write")
             em.reconstruct(value)
-            cg.load_const(cell)
-            cg.store_attr("cell_contents")
+            stores.append(("cell", cell))
+        for kind, target in reversed(stores):  # each store takes its value from the top
+            if kind == "container":
+                self._store_contents(cg, target)
+            elif kind == "attr":
+                target[0].source.emit(cg)
+                cg.store_attr(target[1])
+            elif kind == "global":
+                cg.load_const(target[0])
+                cg.load_const(target[1])
+                cg.store_subscr()
+            else:
+                cg.load_const(target)
+                cg.store_attr("cell_contents")
 
-    def _replay_container(self, em: Emitter, container: Value) -> None:
+    @staticmethod
+    def _store_contents(cg: Any, container: Value) -> None:
+        """Replace a container's contents by the new ones on top of the stack."""
         from ember.capture.values.containers import DictValue
 
-        cg = em.cg
         source = container.source
-        if isinstance(container, DictValue):
-            # the new contents are built before clear(): they may read the dict's old items
-            cg.push_null()
-            em.rebuild_fresh(container)
+        if isinstance(container, DictValue):  # stack: NULL, contents
             cg.push_null()
             source.emit(cg)
             cg.load_attr("clear")
@@ -117,7 +133,6 @@ class SideEffects:
             cg.call(1)
             cg.pop_top()
             return
-        em.rebuild_fresh(container)
         source.emit(cg)
         cg.load_const(None)
         cg.load_const(None)

@@ -165,6 +165,11 @@ class ValueBuilder:
 
     def _special(self, value: Any) -> Value | None:
         """Values identified by what they are: functions, classes, Python modules."""
+        if isinstance(value, types.FunctionType):
+            from ember.capture.values.builtins import BUILTINS
+
+            if value in BUILTINS:  # Python functions modelled directly (dataclasses.fields)
+                return BuiltinValue(value)
         if isinstance(value, types.FunctionType) and not _is_torch_function(value):
             return UserFunctionValue(value)
         if _is_torch_function(value):
@@ -176,6 +181,8 @@ class ValueBuilder:
                     types.BuiltinFunctionType,
                     types.MethodWrapperType,
                     types.BuiltinMethodType,
+                    types.WrapperDescriptorType,
+                    types.MethodDescriptorType,
                     functools.partial.__class__,
                 ),
             )

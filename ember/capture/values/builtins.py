@@ -7,6 +7,7 @@ are folded when every argument is a constant; anything else is refused with its 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import operator
@@ -148,7 +149,7 @@ def _hasattr(tx, args, kwargs):
     return ConstantValue(True)
 
 
-@handles(setattr)
+@handles(setattr, object.__setattr__)
 def _setattr(tx, args, kwargs):
     args[0].setattr(tx, args[1].as_constant(), args[2])
     return ConstantValue(None)
@@ -331,6 +332,14 @@ def _sorted(tx, args, kwargs):
     return ListValue(
         [ConstantValue(v) for v in sorted((i.as_constant() for i in items), reverse=reverse)]
     )
+
+
+@handles(dataclasses.fields)
+def _fields(tx, args, kwargs):
+    target = args[0]
+    is_class = target.is_constant() and isinstance(target.as_constant(), type)
+    fields = dataclasses.fields(target.as_constant() if is_class else target.python_type())
+    return TupleValue([ConstantValue(f) for f in fields])
 
 
 @handles(functools.partial)

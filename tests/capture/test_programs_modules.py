@@ -1,0 +1,290 @@
+"""Differential programs on nn.Modules: forward inlined, parameters and buffers as graph
+inputs, containers of modules iterated (unrolled), real blocks (Linear, LayerNorm, GELU,
+Dropout in eval, Embedding, Conv2d + BatchNorm in eval, MultiheadAttention) and a
+hand-written transformer block, compiled as modules and called from compiled functions."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import ember
+from ember.testing import CompileCounter, assert_same, check_against_eager
+
+
+def check_module(mod: nn.Module, *args, frames: int = 1, grads: bool = False):
+    """Compiled module against eager on the same inputs, twice; optionally gradients."""
+    counter = CompileCounter()
+    ref = copy.deepcopy(mod)
+    compiled = ember.compile(mod, backend=counter, fullgraph=True)
+    for _ in range(2):
+        expected = ref(*args)
+        actual = compiled(*args)
+        assert_same(actual, expected, rtol=1e-4, atol=1e-5)
+    assert counter.frame_count == frames
+    if grads:
+        loss_e = sum(t.sum() for t in _tensors(expected))
+        loss_a = sum(t.sum() for t in _tensors(actual))
+        loss_e.backward()
+        loss_a.backward()
+        for (name, p_e), (_, p_a) in zip(ref.named_parameters(), mod.named_parameters()):
+            torch.testing.assert_close(p_a.grad, p_e.grad, rtol=1e-4, atol=1e-5, msg=name)
+    return counter
+
+
+def _tensors(value):
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+class MLP(nn.Module):
+    def __init__(self, d=8, hidden=16):
+        super().__init__()
+        self.fc1 = nn.Linear(d, hidden)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden, d)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x):
+        return self.drop(self.fc2(self.act(self.fc1(x))))
+
+
+class WithBuffer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4))
+        self.register_buffer("scale", torch.full((4,), 2.0))
+        self.offset = 0.5
+
+    def forward(self, x):
+        return x * self.weight * self.scale + self.offset
+
+
+class Stack(nn.Module):
+    def __init__(self, n=3):
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(4, 4) for _ in range(n)])
+        self.norms = nn.ModuleDict({"pre": nn.LayerNorm(4), "post": nn.LayerNorm(4)})
+
+    def forward(self, x):
+        x = self.norms["pre"](x)
+        for i, layer in enumerate(self.layers):
+            x = layer(x) + i
+        for name in self.norms:
+            x = self.norms[name](x)
+        return x, len(self.layers)
+
+
+class SequentialModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4))
+
+    def forward(self, x):
+        return self.body(x) + self.body[0].bias.sum() + self.body[-1](x.new_ones(8))
+
+
+class ConvBN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+        self.bn = nn.BatchNorm2d(6)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+
+    def forward(self, x):
+        return self.pool(torch.relu(self.bn(self.conv(x)))).flatten(1)
+
+
+class Embed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(20, 8)
+        self.pos = nn.Parameter(torch.randn(16, 8))
+        self.ln = nn.LayerNorm(8)
+
+    def forward(self, ids):
+        return self.ln(self.emb(ids) + self.pos[: ids.shape[1]])
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(8, 2, batch_first=True)
+
+    def forward(self, x):
+        out, _ = self.mha(x, x, x, need_weights=False)
+        return out
+
+
+class SelfAttention(nn.Module):
+    """Attention written by hand, as model code usually is."""
+
+    def __init__(self, d=16, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+
+    def forward(self, x, mask=None):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        scores = q @ k.transpose(-2, -1) / (d // self.heads) ** 0.5
+        if mask is not None:
+            scores = scores.masked_fill(mask, float("-inf"))
+        out = scores.softmax(-1) @ v
+        return self.proj(out.transpose(1, 2).reshape(b, t, d))
+
+
+class Block(nn.Module):
+    def __init__(self, d=16, heads=4):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d)
+        self.attn = SelfAttention(d, heads)
+        self.ln2 = nn.LayerNorm(d)
+        self.mlp = MLP(d, 4 * d)
+
+    def forward(self, x, mask=None):
+        x = x + self.attn(self.ln1(x), mask)
+        return x + self.mlp(self.ln2(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, layers=2, d=16):
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(d) for _ in range(layers)])
+        self.head = nn.Linear(d, 10)
+
+    def forward(self, x):
+        t = x.shape[1]
+        mask = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.head(x[:, -1])
+
+
+class Base(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x)
+
+    @property
+    def out_features(self):
+        return self.lin.out_features
+
+    def helper(self, x):
+        return x * 2
+
+
+class Derived(Base):
+    def forward(self, x):
+        y = super().forward(x)
+        return self.helper(y) + self.out_features
+
+
+class Training(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        if self.training:
+            return self.lin(x) * 2
+        return self.lin(x)
+
+
+def x_seq(d=16):
+    return torch.randn(2, 5, d)
+
+
+MODULE_CASES = [
+    ("mlp_eval", lambda: MLP().eval(), lambda: torch.randn(3, 8)),
+    ("buffer_and_float_attr", WithBuffer, lambda: torch.randn(4)),
+    ("module_list_dict", Stack, lambda: torch.randn(2, 4)),
+    ("sequential_index", SequentialModel, lambda: torch.randn(2, 4)),
+    ("conv_bn_eval", lambda: ConvBN().eval(), lambda: torch.randn(2, 3, 8, 8)),
+    ("embedding", Embed, lambda: torch.randint(0, 20, (2, 5))),
+    ("multihead_attention", lambda: Attention().eval(), lambda: torch.randn(2, 5, 8)),
+    ("self_attention", SelfAttention, x_seq),
+    ("transformer_block", lambda: Block().eval(), x_seq),
+    ("transformer", lambda: Transformer().eval(), x_seq),
+    ("super_property_method", Derived, lambda: torch.randn(2, 4)),
+    ("training_flag", Training, lambda: torch.randn(2, 4)),
+    ("layer_norm", lambda: nn.LayerNorm(8), lambda: torch.randn(2, 8)),
+    ("gelu", lambda: nn.GELU(approximate="tanh"), lambda: torch.randn(2, 8)),
+    ("dropout_eval", lambda: nn.Dropout(0.5).eval(), lambda: torch.randn(2, 8)),
+    ("linear", lambda: nn.Linear(8, 3), lambda: torch.randn(2, 8)),
+]
+
+
+@pytest.mark.parametrize(
+    ("make", "make_input"), [c[1:] for c in MODULE_CASES], ids=[c[0] for c in MODULE_CASES]
+)
+def test_module(make, make_input):
+    check_module(make(), make_input())
+
+
+@pytest.mark.parametrize(
+    ("make", "make_input"),
+    [(MLP, lambda: torch.randn(3, 8)), (Block, x_seq), (ConvBN, lambda: torch.randn(2, 3, 8, 8))],
+    ids=["mlp", "block", "conv_bn"],
+)
+def test_module_gradients(make, make_input):
+    mod = make().eval()
+    check_module(mod, make_input(), grads=True)
+
+
+def test_parameters_and_buffers_reach_the_graph():
+    counter = check_module(WithBuffer(), torch.randn(4))
+    graph = counter.graphs[0]
+    names = [n.name for n in graph.graph.nodes if n.op == "placeholder"]
+    assert any("weight" in n for n in names), names
+    assert any("scale" in n for n in names), names
+    assert not any("offset" in n for n in names), "a float attribute is baked, not an input"
+
+
+def test_module_called_from_compiled_function():
+    mlp = MLP().eval()
+
+    def f(x):
+        return mlp(x) + mlp.fc1.weight.sum()
+
+    check_against_eager(f, torch.randn(3, 8), frames=1)
+
+
+def test_module_as_argument():
+    def f(model, x):
+        return model(x).relu()
+
+    block = Block().eval()
+    counter = CompileCounter()
+    compiled = ember.compile(f, backend=counter, fullgraph=True)
+    for _ in range(2):
+        x = x_seq()
+        assert_same(compiled(block, x), f(block, x), rtol=1e-4, atol=1e-5)
+    assert counter.frame_count == 1
+    other = Block().eval()  # another module object: its identity is guarded
+    x = x_seq()
+    assert_same(compiled(other, x), f(other, x), rtol=1e-4, atol=1e-5)
+    assert counter.frame_count == 2
+
+
+def test_training_mode_batchnorm_updates_running_stats():
+    mod = nn.BatchNorm1d(4)
+    ref = copy.deepcopy(mod)
+    compiled = ember.compile(mod, backend="eager", fullgraph=True)
+    for _ in range(2):
+        x = torch.randn(8, 4)
+        assert_same(compiled(x), ref(x))
+    assert_same(mod.running_mean, ref.running_mean)
+    assert_same(mod.running_var, ref.running_var)
+    assert_same(mod.num_batches_tracked, ref.num_batches_tracked)
