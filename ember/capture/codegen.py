@@ -157,8 +157,8 @@ def build_replacement(
     cg = CodeBuilder(template)
     em = Emitter(cg, harvest.output_index)
     _call_graph(cg, compiled_name, harvest)
+    em.reconstruct(result)  # before the replay: the result may read state the replay changes
     effects.replay(em)
-    em.reconstruct(result)
     cg.return_value()
     return cg.to_code()
 
