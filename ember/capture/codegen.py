@@ -17,9 +17,16 @@ import torch
 
 from ember.bytecode import CodeBuilder, Inst, Op
 from ember.capture.output_graph import Harvest
+from ember.capture.resume import Slot
 from ember.capture.side_effects import SideEffects
 from ember.capture.values.base import NullValue, Value
-from ember.capture.values.containers import DictValue, ListValue, SequenceValue
+from ember.capture.values.containers import (
+    DictValue,
+    IteratorValue,
+    ListValue,
+    SequenceValue,
+    TupleValue,
+)
 from ember.capture.values.functions import BoundMethodValue, MethodValue, UserFunctionValue
 from ember.capture.values.objects import ModuleValue, UserObjectValue
 from ember.capture.values.tensor import TensorValue
@@ -106,6 +113,9 @@ def live_tensors(values: list[Value]) -> list[TensorValue]:
                 visit(item)
         elif isinstance(v, (MethodValue, BoundMethodValue)):
             visit(v.receiver)
+        elif isinstance(v, IteratorValue):
+            for item in v.items[v.position :]:
+                visit(item)
 
     for value in values:
         visit(value)
@@ -129,8 +139,8 @@ class BreakSite:
     locals: dict[str, Value]
     untouched_args: list[str]
     kw_names: tuple[str, ...]
-    make_resume: Callable[[int, list[bool], list[str]], str]
-    """(target index, NULL positions of the stack, local names) -> installed global name."""
+    make_resume: Callable[[int, list[Slot], list[str]], str]
+    """(target index, stack slots, local names) -> installed global name."""
     wrap_callee: Callable[[Any], Any]
     """Wrap a user function so that, run in Python at the break, it is compiled by ember."""
 
@@ -179,12 +189,20 @@ def _reconstruct_callee(em: Emitter, value: Value, site: BreakSite) -> None:
         em.reconstruct(value)
 
 
-def _call_resume(cg: CodeBuilder, name: str, nulls: list[bool], local_names: list[str]) -> None:
+def _slot(value: Value) -> Slot:
+    if isinstance(value, NullValue):
+        return Slot.NULL
+    if isinstance(value, IteratorValue):
+        return Slot.ITERATOR
+    return Slot.VALUE
+
+
+def _call_resume(cg: CodeBuilder, name: str, slots: list[Slot], local_names: list[str]) -> None:
     cg.push_null()
     cg.load_global(name)
     count = 0
-    for i, is_null in enumerate(nulls):
-        if not is_null:
+    for i, slot in enumerate(slots):
+        if slot is not Slot.NULL:
             cg.load_fast(break_temp(i))
             count += 1
     for local in local_names:
@@ -208,10 +226,13 @@ def build_break_replacement(
     _call_graph(cg, compiled_name, harvest)
     effects.replay(em)
     stack, inst = site.stack, site.inst
-    nulls = [isinstance(v, NullValue) for v in stack]
+    slots = [_slot(v) for v in stack]
     callee_at = len(stack) - inst.arg - 1 if inst.op is Op.CALL else -1
     for i, value in enumerate(stack):
-        if not nulls[i]:
+        if slots[i] is Slot.ITERATOR:
+            em.reconstruct(TupleValue(value.items[value.position :]))
+            cg.store_fast(break_temp(i))
+        elif slots[i] is Slot.VALUE:
             if i == callee_at:
                 _reconstruct_callee(em, value, site)
             else:
@@ -222,7 +243,7 @@ def build_break_replacement(
         cg.store_fast(name)
     local_names = list(site.locals) + site.untouched_args
     if inst.op in _JUMP_CONDITIONS:
-        rest = nulls[:-1]
+        rest = slots[:-1]
         cg.load_fast(break_temp(len(stack) - 1))
         taken = cg.label()
         cg.pop_jump_if(_JUMP_CONDITIONS[inst.op], taken)
@@ -242,7 +263,7 @@ def build_break_replacement(
         )
     base = len(stack) - consumed
     for i in range(base, len(stack)):
-        if nulls[i]:
+        if slots[i] is Slot.NULL:
             cg.push_null()
         else:
             cg.load_fast(break_temp(i))
@@ -251,6 +272,6 @@ def build_break_replacement(
     else:
         cg.call_ex(bool(inst.arg & 1))
     cg.store_fast(break_temp(base))
-    rest = nulls[:base] + [False]
+    rest = slots[:base] + [Slot.VALUE]
     _call_resume(cg, site.make_resume(inst.index + 1, rest, local_names), rest, local_names)
     return cg.to_code()

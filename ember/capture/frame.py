@@ -28,7 +28,7 @@ from ember.capture.codegen import (
     live_tensors,
 )
 from ember.capture.guards import build_guard_function
-from ember.capture.resume import covered_by_handler, make_resume_function
+from ember.capture.resume import Slot, covered_by_handler, make_resume_function
 from ember.capture.translator import CaptureContext, root_translator
 from ember.errors import BackendCompilerFailed, Unsupported
 
@@ -142,10 +142,10 @@ def _install_resume(
     tracer: Any,
     wrap: Callable[..., Any],
     target: int,
-    nulls: list[bool],
+    slots: list[Slot],
     local_names: list[str],
 ) -> str:
-    resume = make_resume_function(fn, target, nulls, local_names, tracer.insts)
+    resume = make_resume_function(fn, target, slots, local_names, tracer.insts)
     name = f"__resume_{next(_counter)}"
     fn.__globals__[name] = wrap(resume)
     return name

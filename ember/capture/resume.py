@@ -10,6 +10,7 @@ code after a break is captured too.
 from __future__ import annotations
 
 import dis
+import enum
 import inspect
 import types
 
@@ -17,6 +18,14 @@ from bytecode import Bytecode, Instr, Label
 
 from ember.bytecode import Inst
 from ember.errors import BreakReason, Unsupported
+
+
+class Slot(enum.Enum):
+    """How a stack slot travels into a resume function."""
+
+    VALUE = "passed as a parameter"
+    NULL = "the NULL of the call convention, pushed back by the prologue"
+    ITERATOR = "the remaining items of a loop's iterator, passed as a tuple and re-iterated"
 
 
 def covered_by_handler(code: types.CodeType, inst: Inst) -> bool:
@@ -31,7 +40,7 @@ def stack_param(i: int) -> str:
 def make_resume_function(
     fn: types.FunctionType,
     target: int,
-    null_positions: list[bool],
+    slots: list[Slot],
     local_names: list[str],
     insts: list[Inst],
 ) -> types.FunctionType:
@@ -57,10 +66,15 @@ def make_resume_function(
                 entries.insert(position, label)
                 break
             seen += 1
-    stack_names = [stack_param(i) for i, is_null in enumerate(null_positions) if not is_null]
+    stack_names = [stack_param(i) for i, slot in enumerate(slots) if slot is not Slot.NULL]
     prologue = [e for e in entries[:body_start] if isinstance(e, Instr)]
-    for i, is_null in enumerate(null_positions):
-        prologue.append(Instr("PUSH_NULL") if is_null else Instr("LOAD_FAST", stack_param(i)))
+    for i, slot in enumerate(slots):
+        if slot is Slot.NULL:
+            prologue.append(Instr("PUSH_NULL"))
+            continue
+        prologue.append(Instr("LOAD_FAST", stack_param(i)))
+        if slot is Slot.ITERATOR:
+            prologue.append(Instr("GET_ITER"))
     prologue.append(Instr("JUMP_FORWARD", label))
     resume = Bytecode(prologue + entries[body_start:])
     resume.name = f"__resume_{code.co_name}_at_{insts[target].offset}"
