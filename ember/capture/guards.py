@@ -106,6 +106,17 @@ _CONDITIONS: dict[GuardKind, Callable[[Guard, GuardScope], list[str]]] = {
 }
 
 
+def _no_aliasing(guards: GuardSet, scope: GuardScope) -> list[str]:
+    """The graph treats distinct tensor inputs as distinct memory (a functionalizing backend
+    reorders their reads and writes), so a call that passes one tensor through two sources
+    must not reuse the entry. Tensors that were one object at capture have one input and a
+    SAME_OBJECT guard instead."""
+    exprs = [g.source.expr(scope) for g in guards if g.kind is GuardKind.TENSOR_MATCH]
+    if len(exprs) < 2:
+        return []
+    return [f"len({{{', '.join(f'id({e})' for e in exprs)}}}) == {len(exprs)}"]
+
+
 class GuardSet:
     """Guards collected during one capture, deduplicated, in the order they were added."""
 
@@ -208,6 +219,7 @@ def build_guard_function(guards: GuardSet, fn: types.FunctionType) -> GuardFunct
         for cond in guard.conditions(scope):
             if cond not in conditions:
                 conditions.append(cond)
+    conditions.extend(_no_aliasing(guards, scope))
     names = dict(scope.names)
     names.update(___G=fn.__globals__, ___closure=fn.__closure__, ___torch=torch)
     names["___hooks"] = torch.nn.modules.module

@@ -1,0 +1,381 @@
+"""Guards, counted with a counting backend: new tensor data never recompiles; each kind of
+assumption recompiles exactly once when it changes and not at all when it holds; the guard
+function's source is readable and names what it checks."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import ember
+from ember.capture import cache as frame_cache
+from ember.testing import CompileCounter, assert_same
+
+INT_K = 2
+FLOAT_K = 0.5
+STR_K = "relu"
+BOOL_K = True
+TENSOR_G = torch.ones(4)
+
+
+def activation(x):
+    return x.relu()
+
+
+def compiled_with_counter(fn, **options):
+    counter = CompileCounter()
+    return ember.compile(fn, backend=counter, fullgraph=True, **options), counter
+
+
+def run_both(fn, compiled, *args):
+    assert_same(compiled(*args), fn(*args))
+
+
+def test_new_tensor_data_never_recompiles():
+    def f(x, y):
+        return (x @ y).relu() + 1
+
+    compiled, counter = compiled_with_counter(f)
+    for _ in range(5):
+        run_both(f, compiled, torch.randn(3, 4), torch.randn(4, 2))
+    assert counter.frame_count == 1
+
+
+def _recompiles_once(fn, same_calls, changed_calls):
+    """Calls in `same_calls` share one entry; the first of `changed_calls` adds exactly one
+    more, after which the changed assumption is cached too."""
+    compiled, counter = compiled_with_counter(fn)
+    for args in same_calls:
+        run_both(fn, compiled, *args)
+    assert counter.frame_count == 1, "an unchanged assumption recompiled"
+    for args in changed_calls:
+        run_both(fn, compiled, *args)
+    assert counter.frame_count == 2, f"expected one recompile, saw {counter.frame_count - 1}"
+    for args in same_calls[:1] + changed_calls[:1]:
+        run_both(fn, compiled, *args)  # both entries stay valid
+    assert counter.frame_count == 2
+
+
+def test_recompile_on_dtype():
+    def f(x):
+        return x * 2
+
+    _recompiles_once(
+        f,
+        [(torch.randn(4),), (torch.randn(4),)],
+        [(torch.randn(4, dtype=torch.float64),), (torch.randn(4, dtype=torch.float64),)],
+    )
+
+
+def test_recompile_on_shape():
+    def f(x):
+        return x.sum(0) * x.shape[0]
+
+    _recompiles_once(f, [(torch.randn(3, 4),)] * 2, [(torch.randn(5, 4),), (torch.randn(5, 4),)])
+
+
+def test_recompile_on_stride_of_transposed_input():
+    def f(x):
+        return x.view(-1) if x.is_contiguous() else x.reshape(-1) * 2
+
+    base = torch.randn(4, 4)
+    _recompiles_once(
+        f, [(torch.randn(4, 4),), (base.clone(),)], [(base.t(),), (torch.randn(4, 4).t(),)]
+    )
+
+
+def test_recompile_on_requires_grad():
+    def f(x):
+        return x * 3
+
+    _recompiles_once(
+        f,
+        [(torch.randn(4),), (torch.randn(4),)],
+        [(torch.randn(4, requires_grad=True),), (torch.randn(4, requires_grad=True),)],
+    )
+
+
+def _with_global(name, values, fn):
+    """Set a module global to each value in turn, calling the compiled fn each time."""
+    compiled, counter = compiled_with_counter(fn)
+    saved = globals()[name]
+    counts = []
+    try:
+        for value in values:
+            globals()[name] = value
+            x = torch.randn(4)
+            run_both(fn, compiled, x)
+            counts.append(counter.frame_count)
+    finally:
+        globals()[name] = saved
+    return counts
+
+
+def test_recompile_on_baked_global_int():
+    def f(x):
+        return x * INT_K
+
+    assert _with_global("INT_K", [2, 2, 3, 3, 2], f) == [1, 1, 2, 2, 2]
+
+
+def test_recompile_on_baked_global_float():
+    def f(x):
+        return x + FLOAT_K
+
+    assert _with_global("FLOAT_K", [0.5, 0.5, 1.5, 1.5], f) == [1, 1, 2, 2]
+
+
+def test_recompile_on_baked_global_str():
+    def f(x):
+        return getattr(torch, STR_K)(x)
+
+    assert _with_global("STR_K", ["relu", "relu", "tanh", "tanh"], f) == [1, 1, 2, 2]
+
+
+def test_recompile_on_baked_global_bool():
+    def f(x):
+        return x + 1 if BOOL_K else x - 1
+
+    assert _with_global("BOOL_K", [True, True, False, False], f) == [1, 1, 2, 2]
+
+
+def test_int_global_does_not_match_equal_float_or_bool():
+    def f(x):
+        return x * INT_K
+
+    # 1 == 1.0 == True, but each type is its own assumption (true division, dtype promotion)
+    assert _with_global("INT_K", [1, 1.0, True, 1], f) == [1, 2, 3, 3]
+
+
+def test_tensor_global_is_an_input_not_a_constant():
+    def f(x):
+        return x + TENSOR_G
+
+    counts = _with_global("TENSOR_G", [torch.ones(4), torch.zeros(4), torch.randn(4)], f)
+    assert counts == [1, 1, 1]
+
+
+def test_recompile_on_swapped_global_function():
+    def f(x):
+        return activation(x) + 1
+
+    assert _with_global("activation", [activation, activation, torch.sigmoid], f) == [1, 1, 2]
+
+
+def test_recompile_on_closure_constant():
+    def make(k):
+        def f(x):
+            return x * k
+
+        return f
+
+    f2, f3 = make(2), make(3)
+    counter = CompileCounter()
+    c2 = ember.compile(f2, backend=counter, fullgraph=True)
+    c3 = ember.compile(f3, backend=counter, fullgraph=True)
+    for _ in range(2):
+        x = torch.randn(4)
+        run_both(f2, c2, x)
+    assert counter.frame_count == 1
+    for _ in range(2):
+        x = torch.randn(4)
+        run_both(f3, c3, x)  # same code object, another closure value
+    assert counter.frame_count == 2
+
+
+def test_recompile_on_closure_cell_rebinding():
+    k = 2
+
+    def f(x):
+        return x * k
+
+    compiled, counter = compiled_with_counter(f)
+    run_both(f, compiled, torch.randn(4))
+    run_both(f, compiled, torch.randn(4))
+    k = 5
+    run_both(f, compiled, torch.randn(4))
+    run_both(f, compiled, torch.randn(4))
+    assert counter.frame_count == 2
+    assert k == 5
+
+
+def test_recompile_on_module_training_flag():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(x) * (2 if self.training else 3)
+
+    mod = M()
+    counter = CompileCounter()
+    compiled = ember.compile(mod, backend=counter, fullgraph=True)
+    x = torch.randn(2, 4)
+    assert_same(compiled(x), mod(x))
+    assert_same(compiled(x), mod(x))
+    assert counter.frame_count == 1
+    compiled.eval()
+    assert not mod.training
+    assert_same(compiled(x), mod(x))
+    assert_same(compiled(x), mod(x))
+    assert counter.frame_count == 2
+    compiled.train()
+    assert_same(compiled(x), mod(x))
+    assert counter.frame_count == 2
+
+
+def test_recompile_on_dropout_submodule_training_flag():
+    mod = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5))
+    counter = CompileCounter()
+    compiled = ember.compile(mod, backend=counter, fullgraph=True)
+    mod.eval()
+    x = torch.randn(2, 4)
+    assert_same(compiled(x), mod(x))
+    assert counter.frame_count == 1
+    mod[1].train()  # only the child changes
+    torch.manual_seed(1)
+    got = compiled(x)
+    torch.manual_seed(1)
+    assert_same(got, mod(x))
+    assert counter.frame_count == 2
+
+
+def test_recompile_on_container_length():
+    def f(xs):
+        return sum(xs)
+
+    _recompiles_once(
+        f,
+        [([torch.randn(2), torch.randn(2)],), ([torch.randn(2), torch.randn(2)],)],
+        [([torch.randn(2), torch.randn(2), torch.randn(2)],)] * 2,
+    )
+
+
+def test_recompile_on_tuple_length_and_dict_keys():
+    def f(t, d):
+        return t[0] * len(t) + sum(d.values())
+
+    def r():
+        return torch.randn(2)
+
+    _recompiles_once(
+        f,
+        [((r(), r()), {"a": r()}), ((r(), r()), {"a": r()})],
+        [((r(), r(), r()), {"a": r()}), ((r(), r(), r()), {"a": r()})],
+    )
+    _recompiles_once(
+        f,
+        [((r(),), {"a": r()}), ((r(),), {"a": r()})],
+        [((r(),), {"a": r(), "b": r()}), ((r(),), {"a": r(), "b": r()})],
+    )
+
+
+def test_recompile_on_grad_mode():
+    def f(x):
+        return x * 2
+
+    compiled, counter = compiled_with_counter(f)
+    w = torch.randn(4, requires_grad=True)
+    for _ in range(2):
+        assert compiled(w).requires_grad
+    with torch.no_grad():
+        for _ in range(2):
+            assert not compiled(w).requires_grad
+    assert compiled(w).requires_grad
+    assert counter.frame_count == 2
+
+
+def test_recompile_on_none_vs_tensor_argument():
+    def f(x, mask=None):
+        return x * 2 if mask is None else x * mask
+
+    _recompiles_once(
+        f,
+        [(torch.randn(4), None), (torch.randn(4),)],
+        [(torch.randn(4), torch.randn(4)), (torch.randn(4), torch.randn(4))],
+    )
+
+
+def test_recompile_on_argument_type():
+    def f(x, k):
+        return x * k
+
+    _recompiles_once(f, [(torch.randn(4), 2), (torch.randn(4), 2)], [(torch.randn(4), 2.0)] * 2)
+
+
+def test_recompile_on_object_attribute():
+    class Cfg:
+        def __init__(self, scale):
+            self.scale = scale
+
+    def f(x, cfg):
+        return x * cfg.scale
+
+    _recompiles_once(
+        f,
+        [(torch.randn(4), Cfg(2)), (torch.randn(4), Cfg(2))],
+        [(torch.randn(4), Cfg(3)), (torch.randn(4), Cfg(3))],
+    )
+
+
+def test_aliased_inputs_recompile_when_aliasing_changes():
+    def f(x, y):
+        x.add_(1)
+        return x + y
+
+    for backend in ("eager", "aot_eager"):
+        ember.reset()
+        counter = CompileCounter()
+        compiled = ember.compile(f, backend=_counting(backend, counter), fullgraph=True)
+        for _ in range(2):  # distinct tensors
+            a, b = torch.randn(4), torch.randn(4)
+            assert_same(compiled(a.clone(), b.clone()), f(a.clone(), b.clone()))
+        assert counter.frame_count == 1
+        for _ in range(2):  # one tensor passed twice: another entry, eager's result
+            same = torch.randn(4)
+            same_ref = same.clone()
+            assert_same(compiled(same, same), f(same_ref, same_ref))
+            assert_same(same, same_ref)
+        assert counter.frame_count == 2
+
+
+def _counting(backend, counter):
+    from ember.backends import lookup
+
+    def compile_graph(gm, example_inputs):
+        counter(gm, example_inputs)
+        return lookup(backend)(gm, example_inputs)
+
+    return compile_graph
+
+
+def test_guard_source_is_readable():
+    def f(x, k=3):
+        return x * k + INT_K
+
+    compiled, _ = compiled_with_counter(f)
+    compiled(torch.randn(2, 3))
+    (entry,) = frame_cache.cache_for(f.__code__).entries
+    text = entry.guard.source_text
+    assert text.startswith("def ___guard(x, k)")
+    assert "x.dtype is" in text
+    assert "x.shape == (2, 3)" in text
+    assert "x.stride() == (3, 1)" in text
+    assert "x.requires_grad is False" in text
+    assert "k == 3" in text
+    assert "___G['INT_K'] == 2" in text
+    assert "is_grad_enabled" in text
+    compile(text, "<guard>", "exec")  # it is plain Python
+
+
+def test_first_failure_names_the_failing_guard():
+    def f(x):
+        return x * INT_K
+
+    compiled, _ = compiled_with_counter(f)
+    compiled(torch.randn(2))
+    (entry,) = frame_cache.cache_for(f.__code__).entries
+    assert entry.guard.first_failure(torch.randn(2)) == "(all guards hold)"
+    assert "x.shape == (2,)" in entry.guard.first_failure(torch.randn(3))
+    assert "dtype" in entry.guard.first_failure(torch.randn(2).double())
