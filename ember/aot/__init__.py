@@ -13,7 +13,10 @@ The pipeline, one line per stage:
    regenerated, an autograd.Function for training).
 
 `aot_compile(gm, example_inputs, compile_aten)` follows torch.compile's backend protocol once
-`compile_aten` is bound; `aot_eager` is it with `compile_aten = lambda g, ins: g.forward`.
+`compile_aten` is bound; `aot_eager` is it with PyTorch's kernels running the graphs
+(eager_runner.py: `g.forward`, plus freeing values after their last use). A compiled callable
+that sets `boxed_call = True` is called as `fn(list_of_tensors)` and may clear the list, so
+saved activations die as soon as the backward has used them.
 """
 
 from __future__ import annotations
@@ -25,17 +28,13 @@ import torch
 import torch.fx as fx
 
 from ember import logs
+from ember.aot.eager_runner import eager_compile_aten
 from ember.aot.program import Program, lift_state, split_args, trace_inference
 from ember.aot.runtime import InferenceRuntime
 
 CompileAten = Callable[[fx.GraphModule, list[torch.Tensor]], Callable[..., Sequence[Any]]]
 
 __all__ = ["aot_compile", "aot_eager", "eager_compile_aten", "AotFunction"]
-
-
-def eager_compile_aten(gm: fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable:
-    """The `aot_eager` 'compiler': run the aten graph with PyTorch's kernels."""
-    return gm.forward
 
 
 class AotFunction:
@@ -46,7 +45,7 @@ class AotFunction:
         self.gm = gm
         self.compile_aten = compile_aten
         self.state = lift_state(gm)
-        self._cache: dict[tuple[tuple[bool, ...], tuple[Any, ...]], Any] = {}
+        self._cache: dict[tuple[Any, ...], Callable[[Sequence[Any]], Any]] = {}
 
     def _build(self, args: Sequence[Any], training: bool) -> Callable[[Sequence[Any]], Any]:
         if training:
@@ -59,20 +58,31 @@ class AotFunction:
         compiled = self.compile_aten(program.gm, list(flat))
         return InferenceRuntime(program, compiled)
 
+    def key(self, args: Sequence[Any]) -> tuple[Any, ...]:
+        """Which inputs need grad (under grad mode) and the values of non-tensor inputs."""
+        grad = torch.is_grad_enabled()
+        parts: list[Any] = [
+            (grad and a.requires_grad) if isinstance(a, torch.Tensor) else ("v", a) for a in args
+        ]
+        if grad:
+            parts += [r.get().requires_grad for r in self.state]
+        return tuple(parts)
+
     def runtime_for(self, args: Sequence[Any]) -> Callable[[Sequence[Any]], Any]:
-        _, ints = split_args(args)
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        tensors += [r.get() for r in self.state]
-        grad_mask = tuple(t.requires_grad for t in tensors) if torch.is_grad_enabled() else ()
-        key = (grad_mask, ints)
+        key = self.key(args)
         runtime = self._cache.get(key)
         if runtime is None:
-            runtime = self._build(args, any(grad_mask))
+            split_args(args)  # rejects symbolic sizes clearly
+            training = any(k is True for k in key)
+            runtime = self._build(args, training)
             self._cache[key] = runtime
         return runtime
 
     def __call__(self, *args: Any) -> Any:
-        return self.runtime_for(args)(args)
+        runtime = self._cache.get(self.key(args))
+        if runtime is None:
+            runtime = self.runtime_for(args)
+        return runtime(args)
 
 
 def _log_graph(kind: str, program: Program) -> None:

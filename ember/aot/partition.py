@@ -168,17 +168,36 @@ def _extract(
     keep: set[fx.Node],
     inputs: list[fx.Node],
     outputs: list,
+    lazy: frozenset[fx.Node] = frozenset(),
 ) -> fx.GraphModule:
-    """A new graph computing `outputs` from `inputs` with the kept nodes, in joint order."""
+    """A new graph computing `outputs` from `inputs` with the kept nodes, in joint order;
+    `lazy` nodes (recomputations) are placed just before their first user, so a recomputed
+    activation is not alive for the whole backward."""
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for n in inputs:
         p = graph.placeholder(n.name)
         p.meta = dict(n.meta)
         env[n] = p
+
+    def emit(n: fx.Node) -> None:
+        stack = [n]
+        while stack:
+            top = stack[-1]
+            missing = [i for i in top.all_input_nodes if i not in env]
+            if missing:
+                stack.extend(missing)
+                continue
+            stack.pop()
+            if top not in env:
+                env[top] = graph.node_copy(top, lambda x: env[x])
+
     for n in joint.graph.nodes:
-        if n in keep and n not in env and n.op not in ("placeholder", "output"):
-            env[n] = graph.node_copy(n, lambda x: env[x])
+        if n in keep and n not in env and n not in lazy and n.op not in ("placeholder", "output"):
+            emit(n)
+    for o in outputs:
+        if isinstance(o, fx.Node) and o not in env:
+            emit(o)
     result = tuple(env[o] if isinstance(o, fx.Node) else o for o in outputs)
     graph.output(result)
     graph.eliminate_dead_code()
@@ -213,7 +232,8 @@ def partition(
     forward = _extract(joint, fwd_keep, a.primals, a.fwd_outs + saved)
     available = set(saved) | set(a.tangents)
     bwd_keep = _needed(a.grads, available)
-    backward = _extract(joint, bwd_keep, saved + a.tangents, a.grads)
+    recomputed = frozenset(n for n in bwd_keep if n not in a.tangent_dep)
+    backward = _extract(joint, bwd_keep, saved + a.tangents, a.grads, recomputed)
     result = Partition(
         forward=forward,
         backward=backward,

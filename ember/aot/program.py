@@ -83,6 +83,7 @@ def swapped_state(refs: Sequence[StateRef], values: Sequence[torch.Tensor]) -> I
 
 class OutKind(enum.Enum):
     GRAPH = "graph"  # the index-th graph output
+    GRAPH_VIEW = "graph_view"  # a view of the index-th graph output, replayed at run time
     INPUT_VIEW = "input_view"  # a view of flat input `index`, replayed at run time
     CONSTANT = "constant"  # a Python value
 
@@ -174,6 +175,27 @@ def begin(gm: torch.nn.Module, args: Sequence[Any]) -> tuple[Tracer, Program, li
     return tracer, program, fakes, call_args
 
 
+def _output_spec(
+    tracer: Tracer, leaf: Any, fakes: list, graph_outs: list[torch.Tensor]
+) -> OutputSpec:
+    """How one returned value is rebuilt. Views are replayed on their base at run time (the
+    caller's input, or an intermediate the graph returns), so they alias and stride as in
+    eager; one tensor returned twice is one graph output."""
+    if not isinstance(leaf, torch.Tensor) or not tracer.aliases.known(leaf):
+        return OutputSpec(OutKind.CONSTANT, value=leaf)  # incl. real tensors returned as-is
+    root = tracer.aliases.root_of(leaf)
+    chain = tuple(tracer.aliases.view_chain(leaf))
+    for i, f in enumerate(fakes):
+        if id(f) == root:
+            return OutputSpec(OutKind.INPUT_VIEW, i, chain)
+    base = tracer.aliases.tensors[root]
+    k = next((k for k, g in enumerate(graph_outs) if g is base), None)
+    if k is None:
+        k = len(graph_outs)
+        graph_outs.append(base)
+    return OutputSpec(OutKind.GRAPH_VIEW if chain else OutKind.GRAPH, k, chain)
+
+
 def run_forward(
     tracer: Tracer, program: Program, gm: torch.nn.Module, fakes: list, call_args: list
 ) -> list[torch.Tensor]:
@@ -182,19 +204,8 @@ def run_forward(
     with swapped_state(program.state, fakes[n_user:]), tracer.recording():
         result = gm(*call_args)
     leaves, program.out_tree = tree_flatten(result)
-    input_ids = {id(f): i for i, f in enumerate(fakes)}
     graph_outs: list[torch.Tensor] = []
-    for leaf in leaves:
-        if not isinstance(leaf, torch.Tensor):
-            program.specs.append(OutputSpec(OutKind.CONSTANT, value=leaf))
-            continue
-        root = tracer.aliases.root_of(leaf) if tracer.aliases.known(leaf) else None
-        if root in input_ids:
-            chain = tuple(tracer.aliases.view_chain(leaf))
-            program.specs.append(OutputSpec(OutKind.INPUT_VIEW, input_ids[root], chain))
-            continue
-        program.specs.append(OutputSpec(OutKind.GRAPH, len(graph_outs)))
-        graph_outs.append(leaf)
+    program.specs = [_output_spec(tracer, leaf, fakes, graph_outs) for leaf in leaves]
     program.num_graph_outputs = len(graph_outs)
     mutated_roots = set(tracer.aliases.mutated_roots())
     if mutated_roots & {id(c) for c in tracer._const_ids.values()}:
@@ -224,20 +235,32 @@ def build_outputs(program: Program, flat: Sequence[torch.Tensor], outs: Sequence
     for spec in program.specs:
         if spec.kind is OutKind.GRAPH:
             leaves.append(outs[spec.index])
-        elif spec.kind is OutKind.INPUT_VIEW:
-            t = flat[spec.index]
+        elif spec.kind is OutKind.CONSTANT:
+            leaves.append(spec.value)
+        else:
+            t = flat[spec.index] if spec.kind is OutKind.INPUT_VIEW else outs[spec.index]
             for step in spec.chain:
                 t = step.func(t, *step.args, **step.kwargs)
                 if step.index is not None:
                     t = t[step.index]
             leaves.append(t)
-        else:
-            leaves.append(spec.value)
     return tree_unflatten(leaves, program.out_tree)
+
+
+def is_plain_tuple(program: Program) -> bool:
+    """True when the gm returns exactly the graph's outputs, in order, as a flat tuple."""
+    n = len(program.specs)
+    return (
+        program.out_tree == tree_flatten(tuple(range(n)))[1]
+        and all(s.kind is OutKind.GRAPH and s.index == i for i, s in enumerate(program.specs))
+        and program.num_graph_outputs == n
+    )
 
 
 def apply_mutations(program: Program, flat: Sequence[torch.Tensor], outs: Sequence[Any]) -> None:
     """Copy mutated inputs' final values back into the caller's tensors, as eager left them."""
+    if not program.mutated:
+        return
     base = len(outs) - len(program.mutated)
     with torch.no_grad():
         for j, i in enumerate(program.mutated):

@@ -13,9 +13,16 @@ from typing import Any
 
 import torch
 
-from ember.aot.program import Program, apply_mutations, build_outputs
+from ember.aot.program import Program, apply_mutations, build_outputs, is_plain_tuple
 
 Compiled = Callable[..., Sequence[Any]]
+
+
+def call_compiled(fn: Compiled, args: list[Any]) -> Sequence[Any]:
+    """Call a compiled graph; boxed ones take (and clear) the list so values die early."""
+    if getattr(fn, "boxed_call", False):
+        return fn.run_boxed(args) if hasattr(fn, "run_boxed") else fn(args)
+    return fn(*args)
 
 
 class InferenceRuntime:
@@ -24,10 +31,19 @@ class InferenceRuntime:
     def __init__(self, program: Program, compiled: Compiled) -> None:
         self.program = program
         self.compiled = compiled
+        # the common case, kept cheap for tiny graphs: tensors in, tensor tuple out
+        self.simple = (
+            not program.state
+            and not program.mutated
+            and all(k == "tensor" for k in program.arg_kinds)
+            and is_plain_tuple(program)
+        )
 
     def __call__(self, args: Sequence[Any]) -> Any:
+        if self.simple:
+            return tuple(call_compiled(self.compiled, list(args)))
         flat = self.program.flat_inputs(args)
-        outs = self.compiled(*flat)
+        outs = call_compiled(self.compiled, list(flat))
         apply_mutations(self.program, flat, outs)
         return build_outputs(self.program, flat, outs)
 
@@ -41,7 +57,7 @@ class _CompiledFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, runtime: TrainingRuntime, *flat: torch.Tensor) -> tuple:
-        outs = runtime.fwd(*flat)
+        outs = call_compiled(runtime.fwd, list(flat))
         n_out = runtime.num_fwd_outputs
         user, saved = list(outs[:n_out]), list(outs[n_out:])
         ctx.runtime = runtime
@@ -66,7 +82,10 @@ class _CompiledFunction(torch.autograd.Function):
             if g is None:
                 g = torch.zeros(spec[0], dtype=spec[1], device=spec[2])
             tangents.append(_contiguous(g))
-        grads = runtime.bwd(*ctx.saved_tensors, *tangents)
+        args = [*ctx.saved_tensors, *tangents]
+        del tangents, grad_outs
+        ctx.maybe_clear_saved_tensors()  # frees them unless retain_graph=True
+        grads = call_compiled(runtime.bwd, args)
         result: list[torch.Tensor | None] = [None] * runtime.num_primals
         for i, g in zip(runtime.grad_inputs, grads, strict=True):
             result[i] = g

@@ -164,3 +164,37 @@ class OpFamilies(nn.Module):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_op_families(dtype):
     check_module(OpFamilies, _randn(4, 6, grad=True), dtype, loss=lambda out: out)
+
+
+class WithBreak(nn.Module):
+    """A graph break splits the step into two compiled regions, each its own autograd node."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        torch._dynamo.graph_break()
+        return self.b(h).sigmoid()
+
+
+def test_graph_break_regions_backward_across_break():
+    counter = {"n": 0}
+
+    def counting(gm, inputs):
+        counter["n"] += 1
+        return aot_eager(gm, inputs)
+
+    torch.manual_seed(0)
+    ref = WithBreak().double()
+    mod = copy.deepcopy(ref)
+    compiled = torch.compile(mod, backend=counting, dynamic=False)
+    x = torch.randn(4, 8, dtype=torch.float64, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    ref(x).sum().backward()
+    compiled(x2).sum().backward()
+    assert counter["n"] == 2
+    torch.testing.assert_close(x2.grad, x.grad)
+    for p, q in zip(ref.parameters(), mod.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad)
