@@ -13,7 +13,6 @@ TORCH := torch==2.13.0
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PYTHON) || $(PYBIN) -m venv $(VENV)
-	$(PYTHON) -m pip install -q --upgrade pip
 	$(PYTHON) -m pip install -q $(TORCH)
 	$(PYTHON) -m pip install -q -e '.[test]'
 	touch $@
