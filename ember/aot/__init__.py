@@ -29,7 +29,13 @@ import torch.fx as fx
 
 from ember import logs
 from ember.aot.eager_runner import eager_compile_aten
-from ember.aot.program import Program, lift_state, split_args, trace_inference
+from ember.aot.program import (
+    Program,
+    check_input_aliasing,
+    lift_state,
+    split_args,
+    trace_inference,
+)
 from ember.aot.runtime import InferenceRuntime
 
 CompileAten = Callable[[fx.GraphModule, list[torch.Tensor]], Callable[..., Sequence[Any]]]
@@ -55,6 +61,7 @@ class AotFunction:
         program = trace_inference(self.gm, args)
         _log_graph("inference", program)
         flat = program.flat_inputs(args)
+        check_input_aliasing(flat, program.mutated)
         compiled = self.compile_aten(program.gm, list(flat))
         return InferenceRuntime(program, compiled)
 

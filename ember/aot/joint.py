@@ -21,7 +21,7 @@ import torch.fx as fx
 
 from ember import logs
 from ember.aot.partition import partition
-from ember.aot.program import Program, begin, run_forward
+from ember.aot.program import Program, begin, check_input_aliasing, run_forward
 from ember.aot.runtime import InferenceRuntime, TrainingRuntime
 from ember.aot.trace import TraceError, check_functional
 from ember.errors import BreakReason
@@ -112,6 +112,7 @@ def build_training(
         logs.log("aot", "joint graph:\n%s", joint.gm.print_readable(print_output=False))
     parts = partition(joint.gm, joint.num_primals, joint.num_fwd_outputs)
     flat = joint.program.flat_inputs(args)
+    check_input_aliasing(flat, joint.program.mutated)
     fwd = compile_aten(parts.forward, list(flat))
     bwd_examples = [
         _example(n.meta["val"]) for n in parts.backward.graph.find_nodes(op="placeholder")

@@ -134,20 +134,20 @@ def split_args(args: Sequence[Any]) -> tuple[list[str], tuple[Any, ...]]:
     return kinds, tuple(ints)
 
 
-def check_input_aliasing(flat: Sequence[torch.Tensor]) -> None:
-    """Inputs sharing storage would need joint functionalization: refuse them clearly."""
-    seen: dict[Any, int] = {}
-    for i, t in enumerate(flat):
-        if t.numel() == 0:
-            continue
-        key = (t.device, t.untyped_storage().data_ptr())
-        if key in seen:
-            raise TraceError(
-                BreakReason.SIDE_EFFECT,
-                f"inputs {seen[key]} and {i} of the compiled graph share memory",
-                hint="pass tensors that do not alias each other (clone one of them)",
-            )
-        seen[key] = i
+def check_input_aliasing(flat: Sequence[torch.Tensor], mutated: Sequence[int]) -> None:
+    """A mutated input sharing memory with another input would need the two functionalized
+    together; refuse that clearly (aliasing among inputs that are only read is harmless)."""
+    if not mutated:
+        return
+    ptrs = [t.untyped_storage().data_ptr() if t.numel() else -1 - i for i, t in enumerate(flat)]
+    for i in mutated:
+        for j, p in enumerate(ptrs):
+            if j != i and p == ptrs[i]:
+                raise TraceError(
+                    BreakReason.SIDE_EFFECT,
+                    f"input {i} of the compiled graph is mutated and shares memory with input {j}",
+                    hint="pass tensors that do not alias each other (clone one of them)",
+                )
 
 
 def begin(gm: torch.nn.Module, args: Sequence[Any]) -> tuple[Tracer, Program, list, list]:
@@ -155,7 +155,6 @@ def begin(gm: torch.nn.Module, args: Sequence[Any]) -> tuple[Tracer, Program, li
     kinds, ints = split_args(args)
     state = lift_state(gm)
     real = [a for a in args if isinstance(a, torch.Tensor)] + [r.get() for r in state]
-    check_input_aliasing(real)
     tracer = Tracer()
     fakes = [tracer.to_fake(t) for t in real]
     for i, f in enumerate(fakes):

@@ -13,7 +13,13 @@ from typing import Any
 
 import torch
 
-from ember.aot.program import Program, apply_mutations, build_outputs, is_plain_tuple
+from ember.aot.program import (
+    Program,
+    apply_mutations,
+    build_outputs,
+    check_input_aliasing,
+    is_plain_tuple,
+)
 
 Compiled = Callable[..., Sequence[Any]]
 
@@ -43,6 +49,7 @@ class InferenceRuntime:
         if self.simple:
             return tuple(call_compiled(self.compiled, list(args)))
         flat = self.program.flat_inputs(args)
+        check_input_aliasing(flat, self.program.mutated)
         outs = call_compiled(self.compiled, list(flat))
         apply_mutations(self.program, flat, outs)
         return build_outputs(self.program, flat, outs)
@@ -112,6 +119,7 @@ class TrainingRuntime:
 
     def __call__(self, args: Sequence[Any]) -> Any:
         flat = self.program.flat_inputs(args)
+        check_input_aliasing(flat, self.program.mutated)
         outs = _CompiledFunction.apply(self, *flat)
         apply_mutations(self.program, flat, outs)
         return build_outputs(self.program, flat, outs)

@@ -144,8 +144,20 @@ def test_aliased_inputs_rejected_clearly():
         return (y + 1,)
 
     base = torch.randn(4)
-    with pytest.raises(TraceError, match="share memory"):
+    with pytest.raises(TraceError, match="shares memory"):
         aot_eager(fx.symbolic_trace(f), [base, base.view(2, 2)])
+    fn = aot_eager(fx.symbolic_trace(f), [torch.randn(4), torch.randn(2, 2)])
+    with pytest.raises(TraceError, match="shares memory"):  # checked at run time too
+        fn(base, base.view(2, 2))
+
+
+def test_aliased_inputs_that_are_only_read_are_fine():
+    def f(x, y):
+        return (x * 2 + y.view(-1),)
+
+    base = torch.randn(4)
+    fn = aot_eager(fx.symbolic_trace(f), [base, base.view(2, 2)])
+    torch.testing.assert_close(fn(base, base.view(2, 2))[0], 3 * base)
 
 
 def test_data_dependent_rejected_clearly():
