@@ -55,5 +55,8 @@ def cache_for(code: types.CodeType, options: Any = None) -> FrameCache:
 
 
 def reset() -> None:
-    _caches.clear()
-    _latest.clear()
+    # Emptied in place: compiled wrappers hold their cache's entry list and must see it empty.
+    for cache in _caches.values():
+        cache.entries.clear()
+        cache.misses.clear()
+        cache.eager_reason = None
