@@ -161,3 +161,34 @@ def test_mutating_input_that_requires_grad_is_rejected():
     x = torch.randn(3, requires_grad=True)
     with pytest.raises(Exception, match="mutat"):
         _compile(f, x.clone())
+
+
+def test_views_of_an_intermediate_alias_and_get_gradients():
+    def f(x, w):
+        h = x @ w
+        return h.view(-1), h.t(), h[0]
+
+    x, w = torch.randn(3, 4), torch.randn(4, 5, requires_grad=True)
+    w_ref = w.detach().clone().requires_grad_()
+    a, b, c = _compile(f, x, w)(x, w)
+    ra, rb, rc = f(x, w_ref)
+    assert a._base is b._base is c._base and a._base is not None
+    assert (a.stride(), b.stride(), c.stride()) == (ra.stride(), rb.stride(), rc.stride())
+    (a.sin().sum() + (b * 2).sum() + c.exp().sum()).backward()
+    (ra.sin().sum() + (rb * 2).sum() + rc.exp().sum()).backward()
+    torch.testing.assert_close(w.grad, w_ref.grad)
+
+
+def test_scaled_dot_product_attention_training():
+    def f(q, k, v):
+        return (F.scaled_dot_product_attention(q, k, v, is_causal=True),)
+
+    qkv = [torch.randn(2, 2, 5, 8, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    ref = [t.detach().clone().requires_grad_() for t in qkv]
+    (out,) = _compile(f, *qkv)(*qkv)
+    (expected,) = f(*ref)
+    torch.testing.assert_close(out, expected)
+    out.square().sum().backward()
+    expected.square().sum().backward()
+    for a, b in zip(qkv, ref, strict=True):
+        torch.testing.assert_close(a.grad, b.grad)
