@@ -115,7 +115,8 @@ def free_names(expr: sympy.Expr) -> set[str]:
 
 
 def simplify(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
-    """Remove div/mod that the loop ranges make exact: (a*c + b) / c -> a when 0 <= b < c.
+    """Remove div/mod that the loop ranges make exact: (a*c + b) / c -> a when 0 <= b < c,
+    and c*(a / c) + a % c -> a.
 
     A reshape read through a lazy value produces such terms; without this the inner loop would
     divide per element and would not vectorize.
@@ -125,15 +126,61 @@ def simplify(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
     if isinstance(expr, FloorDiv | ModIdx):
         a = simplify(expr.args[0], ranges)
         d = int(expr.args[1])
-        keep, rest = _split_multiples(a, d)
         if isinstance(expr, FloorDiv):
-            if rest == 0 or _max(rest, ranges) < d:
-                return keep
-            return keep + FloorDiv(rest, d)
-        if _max(rest, ranges) < d:
-            return rest
-        return ModIdx(rest, d)
-    return expr.func(*[simplify(a, ranges) for a in expr.args])
+            return _floordiv(a, d, ranges)
+        return _mod(a, d, ranges)
+    out = expr.func(*[simplify(a, ranges) for a in expr.args])
+    return _recombine(out) if out.is_Add else out
+
+
+def _coarse(a: sympy.Expr, d: int, ranges) -> tuple[int, sympy.Expr, sympy.Expr]:
+    """(c, A, b) with a == c*A + b, c dividing d and 0 <= b < c; c == 1 when none exists."""
+    coeffs = sorted(
+        {int(t.as_coeff_Mul()[0]) for t in sympy.Add.make_args(a)} - {0, 1}, reverse=True
+    )
+    for c in coeffs:
+        if c <= 0 or d % c:
+            continue
+        big, small = _split_multiples(a, c)
+        if _max(small, ranges) < c:
+            return c, big, small
+    return 1, a, sympy.Integer(0)
+
+
+def _floordiv(a: sympy.Expr, d: int, ranges) -> sympy.Expr:
+    keep, rest = _split_multiples(a, d)
+    if rest == 0 or _max(rest, ranges) < d:
+        return keep
+    c, big, _ = _coarse(rest, d, ranges)
+    if c > 1:
+        return keep + _floordiv(big, d // c, ranges)
+    return keep + FloorDiv(rest, d)
+
+
+def _mod(a: sympy.Expr, d: int, ranges) -> sympy.Expr:
+    _, rest = _split_multiples(a, d)
+    if _max(rest, ranges) < d:
+        return rest
+    c, big, small = _coarse(rest, d, ranges)
+    if c > 1:
+        return c * _mod(big, d // c, ranges) + small
+    return ModIdx(rest, d)
+
+
+def _recombine(expr: sympy.Expr) -> sympy.Expr:
+    """k*d*(a / d) + k*(a % d) -> k*a, the two halves of an index split and joined again."""
+    terms = list(sympy.Add.make_args(expr))
+    for i, t in enumerate(terms):
+        k, f = t.as_coeff_Mul()
+        if not isinstance(f, ModIdx):
+            continue
+        a, d = f.args
+        for j, u in enumerate(terms):
+            kj, g = u.as_coeff_Mul()
+            if j != i and g == FloorDiv(a, d) and kj == k * d:
+                rest = [x for n, x in enumerate(terms) if n not in (i, j)]
+                return _recombine(sympy.Add(*rest, k * a))
+    return expr
 
 
 def _split_multiples(a: sympy.Expr, d: int) -> tuple[sympy.Expr, sympy.Expr]:

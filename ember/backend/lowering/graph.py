@@ -30,6 +30,7 @@ from ember.backend.lowering.values import (
 )
 
 MAX_INLINE = 48  # expression nodes above which a value with several users is materialized
+MAX_READS = 4  # distinct buffers read above which a value with several users is materialized
 
 
 def _meta(a: Any) -> Any:
@@ -78,9 +79,13 @@ def _lower_call(builder: GraphBuilder, node: torch.fx.Node, env: dict) -> Any:
 
 
 def _maybe_realize(builder: GraphBuilder, node: torch.fx.Node, value: Any) -> Any:
+    """Materialize a lazy value when inlining it into every user would cost too much: a big
+    expression, or (with several users) one that reads many buffers, like a residual stream
+    that every later layer would otherwise recompute from all of its terms."""
     if isinstance(value, LazyValue):
-        size = expr_size(value)
-        if size > 4 * MAX_INLINE or (len(node.users) > 1 and size > MAX_INLINE):
+        size, reads = expr_size(value)
+        many_users = len(node.users) > 1
+        if size > 4 * MAX_INLINE or (many_users and (size > MAX_INLINE or reads >= MAX_READS)):
             return builder.realize(value)
     return value
 

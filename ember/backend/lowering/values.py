@@ -45,10 +45,11 @@ class LazyValue:
 Value = BufferValue | LazyValue
 
 
-def expr_size(v: LazyValue) -> int:
-    """Number of expression nodes one element costs (decides when to stop inlining)."""
+def expr_size(v: LazyValue) -> tuple[int, int]:
+    """(expression nodes, distinct buffers read) per element: decides when to stop inlining."""
     idx = ir.loop_vars(len(v.size))
-    return sum(1 for _ in ir.walk(v.load(idx)))
+    nodes = list(ir.walk(v.load(idx)))
+    return len(nodes), len({e.buffer for e in nodes if isinstance(e, ir.Load)})
 
 
 class GraphBuilder:

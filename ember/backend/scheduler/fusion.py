@@ -17,6 +17,7 @@ import dataclasses
 
 import sympy
 
+from ember.backend import indexing
 from ember.backend.ir import nodes as ir
 from ember.backend.scheduler.dependencies import output_buffers
 
@@ -54,21 +55,45 @@ class Schedule:
         return [s for s in self.steps if isinstance(s, Kernel)]
 
 
-def _rename(node: ir.Pointwise, n_outer: int) -> ir.Pointwise:
-    """A pointwise node over O + I with its variables beyond O renamed to r0, r1, ..."""
-    extra = len(node.ranges) - n_outer
-    if extra <= 0:
-        return node
-    xs = ir.loop_vars(len(node.ranges))
-    sub = dict(zip(xs[n_outer:], ir.loop_vars(extra, "r")))
+def _prod(xs) -> int:
+    out = 1
+    for x in xs:
+        out *= x
+    return out
 
-    def fix_index(index: sympy.Expr) -> sympy.Expr:
-        return index.xreplace(sub)
 
-    body = ir.map_loads(
-        node.body, lambda ld: ir.Load(ld.buffer, fix_index(ld.index), ld.dtype), fix_index
-    )
-    return dataclasses.replace(node, body=body, index=fix_index(node.index))
+def _rebase(node, outer: tuple[int, ...]):
+    """(node in kernel variables, its inner ranges) when its iteration space is `outer`
+    (possibly with dimensions merged or split: 512 rows == 4 x 128) followed by inner ranges;
+    None otherwise. Kernel variables: x0.. over `outer`, r0.. over the inner ranges."""
+    ranges = node.ranges
+    target, acc, m = _prod(outer), 1, 0
+    while m < len(ranges) and acc < target:
+        acc *= ranges[m]
+        m += 1
+    if acc != target or (isinstance(node, ir.Reduction) and m != len(ranges)):
+        return None
+    inner = node.reduction_ranges if isinstance(node, ir.Reduction) else ranges[m:]
+    if isinstance(node, ir.Pointwise) and m == len(ranges) and tuple(ranges) == tuple(outer):
+        return node, ()
+    xs = ir.loop_vars(len(ranges))
+    kv = ir.loop_vars(len(outer))
+    sub: dict = {}
+    if tuple(ranges[:m]) != tuple(outer):
+        flat = indexing.strided(kv, ir.contiguous_strides(outer))
+        sub.update(zip(xs[:m], indexing.unflatten(flat, ranges[:m])))
+    if isinstance(node, ir.Pointwise):
+        sub.update(zip(xs[m:], ir.loop_vars(len(inner), "r")))
+    if not sub:
+        return node, inner
+    env = dict(zip(kv, outer))
+    env.update(zip(ir.loop_vars(len(inner), "r"), inner))
+
+    def fix(index: sympy.Expr) -> sympy.Expr:
+        return indexing.simplify(index.xreplace(sub), env)
+
+    body = ir.map_loads(node.body, lambda ld: ir.Load(ld.buffer, fix(ld.index), ld.dtype), fix)
+    return dataclasses.replace(node, body=body, index=fix(node.index)), inner
 
 
 def _signature(node: ir.Pointwise | ir.Reduction) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -88,26 +113,27 @@ class _Builder:
         self.reads: set[str] = ir.node_reads(node)
 
     def _resplit(self, outer: tuple[int, ...], inner: tuple[int, ...]) -> bool:
-        """Re-read a pure pointwise kernel over `outer + inner` as outer x inner."""
-        if any(lp[0] for lp in self.loops) or self.outer != outer + inner:
+        """Re-read a pure pointwise kernel over the same space as outer x inner."""
+        if any(lp[0] for lp in self.loops) or _prod(self.outer) != _prod(outer + inner):
+            return False
+        rebased = [[_rebase(n, outer) for n in lp[1]] for lp in self.loops]
+        if any(r is None or r[1] != inner for lp in rebased for r in lp):
             return False
         self.outer = outer
-        for lp in self.loops:
+        for lp, new in zip(self.loops, rebased):
             lp[0] = inner
-            lp[1] = [_rename(n, len(outer)) for n in lp[1]]
+            lp[1] = [n for n, _ in new]
         self.produced = {n.name: n for lp in self.loops for n in lp[1]}
         return True
 
     def _fit(self, node: ir.Pointwise | ir.Reduction):
         """(node in kernel variables, its inner ranges), or None if shapes do not match."""
-        if isinstance(node, ir.Reduction):
-            if node.ranges == self.outer or self._resplit(node.ranges, node.reduction_ranges):
-                return node, node.reduction_ranges
-            return None
-        k = len(self.outer)
-        if node.ranges[:k] != self.outer:
-            return None
-        return _rename(node, k), node.ranges[k:]
+        fit = _rebase(node, self.outer)
+        if fit is not None:
+            return fit
+        if isinstance(node, ir.Reduction) and self._resplit(node.ranges, node.reduction_ranges):
+            return node, node.reduction_ranges
+        return None
 
     def _legal(self, node, inner) -> tuple[bool, int]:
         """(legal?, the earliest loop index the node may join)."""
