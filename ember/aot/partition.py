@@ -28,6 +28,7 @@ import torch.fx as fx
 
 from ember import logs
 from ember.aot.functionalize import is_view_op
+from ember.aot.schedule import reorder_for_memory
 
 aten = torch.ops.aten
 
@@ -234,6 +235,9 @@ def partition(
     bwd_keep = _needed(a.grads, available)
     recomputed = frozenset(n for n in bwd_keep if n not in a.tangent_dep)
     backward = _extract(joint, bwd_keep, saved + a.tangents, a.grads, recomputed)
+    # tangents stay alive in autograd's engine, primals in the caller: neither is released
+    pinned = {n.name for n in saved + a.tangents if n.op == "placeholder"}
+    backward = reorder_for_memory(backward, pinned)
     result = Partition(
         forward=forward,
         backward=backward,

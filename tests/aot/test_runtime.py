@@ -192,3 +192,17 @@ def test_scaled_dot_product_attention_training():
     expected.square().sum().backward()
     for a, b in zip(qkv, ref, strict=True):
         torch.testing.assert_close(a.grad, b.grad)
+
+
+def test_backward_order_releases_activation_grads_early():
+    """The bias-grad reduction runs before the weight-grad matmul that would otherwise
+    allocate while the (same-sized) activation gradient is still alive."""
+    x = torch.randn(16, 32)
+    joint = trace_joint(fx.symbolic_trace(GeluMLP()), [x])
+    cut = partition(joint.gm, joint.num_primals, joint.num_fwd_outputs)
+    nodes = list(cut.backward.graph.nodes)
+    gb = next(n for n in nodes if n.target is torch.ops.aten.gelu_backward.default)
+    reduce = next(n for n in gb.users if n.target is torch.ops.aten.sum.dim_IntList)
+    view = next(n for n in gb.users if n.target is torch.ops.aten.t.default)
+    (weight_mm,) = list(view.users)
+    assert nodes.index(reduce) < nodes.index(weight_mm)
