@@ -1,0 +1,87 @@
+"""Kernel and graph caches: fresh processes skip lowering and g++; corrupt entries rebuild."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from ember import config
+from ember.aot.program import trace_inference
+from ember.backend import compile_aten
+from ember.backend.compile import stats
+
+SCRIPT = """
+import json, torch
+import ember.backend
+from ember.backend.compile import stats
+def f(x):
+    return torch.softmax(x * 3, -1) + x.mean()
+x = torch.arange(48.0).reshape(6, 8) / 10
+out = torch.compile(f, backend=ember.backend, dynamic=False)(x)
+torch.testing.assert_close(out, f(x))
+print(json.dumps(dict(stats)))
+"""
+
+
+def _run(cache: Path) -> dict:
+    env = dict(os.environ, EMBER_CACHE_DIR=str(cache))
+    root = Path(__file__).resolve().parents[2]
+    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
+    p = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    return p
+
+
+def _result(p) -> dict:
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err.decode()[-3000:]
+    return json.loads(out.decode().strip().splitlines()[-1])
+
+
+def test_fresh_processes_share_the_cache(tmp_path):
+    # two cold processes at once: concurrent writers must not corrupt each other
+    first = [_run(tmp_path), _run(tmp_path)]
+    for p in first:
+        assert _result(p).get("generated") == 1
+    sos = sorted(tmp_path.rglob("*.so"))
+    stamp = [so.stat().st_mtime_ns for so in sos]
+    warm = _result(_run(tmp_path))
+    assert warm.get("graph_cache_hits") == 1 and "generated" not in warm
+    assert [so.stat().st_mtime_ns for so in sos] == stamp  # g++ did not run again
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def _compiled(x):
+    def f(x):
+        return torch.tanh(x) * 2 - x.sum(-1, keepdim=True)
+
+    gm = trace_inference(torch.fx.symbolic_trace(f), [x]).gm
+    return compile_aten(gm, [x])(x)[0], f(x)
+
+
+def test_corrupt_or_truncated_entries_are_rebuilt(tmp_path):
+    x = torch.randn(5, 7)
+    with config.patch(cache_dir=str(tmp_path)):
+        got, want = _compiled(x)
+        torch.testing.assert_close(got, want)
+        (graph,) = tmp_path.rglob("graphs/*/*.json")
+        (so,) = tmp_path.rglob("kernels/*/*.so")
+        # truncated entries (written beside and renamed: the loaded library stays mapped)
+        for path in (graph, so):
+            tmp = path.with_name("broken")
+            tmp.write_bytes(path.read_bytes()[:1000 if path == so else 50])
+            os.replace(tmp, path)
+        before = stats["generated"]
+        got, want = _compiled(x)
+        torch.testing.assert_close(got, want)
+        assert stats["generated"] == before + 1
+        hits = stats["graph_cache_hits"]
+        got, _ = _compiled(x)  # the rebuilt entries are valid again
+        assert stats["graph_cache_hits"] == hits + 1
+        assert json.loads(graph.read_bytes().partition(b"\n")[2])["format"] == 1
