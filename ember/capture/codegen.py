@@ -17,7 +17,7 @@ import torch
 
 from ember.bytecode import CodeBuilder, Inst, Op
 from ember.capture.output_graph import Harvest
-from ember.capture.resume import Slot
+from ember.capture.resume import Slot, StackSlot
 from ember.capture.side_effects import SideEffects
 from ember.capture.values.base import NullValue, Value
 from ember.capture.values.containers import (
@@ -139,7 +139,7 @@ class BreakSite:
     locals: dict[str, Value]
     untouched_args: list[str]
     kw_names: tuple[str, ...]
-    make_resume: Callable[[int, list[Slot], list[str]], str]
+    make_resume: Callable[[int, list[StackSlot], list[str]], str]
     """(target index, stack slots, local names) -> installed global name."""
     wrap_callee: Callable[[Any], Any]
     """Wrap a user function so that, run in Python at the break, it is compiled by ember."""
@@ -189,20 +189,30 @@ def _reconstruct_callee(em: Emitter, value: Value, site: BreakSite) -> None:
         em.reconstruct(value)
 
 
-def _slot(value: Value) -> Slot:
+def _slot(value: Value) -> StackSlot:
     if isinstance(value, NullValue):
-        return Slot.NULL
+        return StackSlot(Slot.NULL)
     if isinstance(value, IteratorValue):
-        return Slot.ITERATOR
-    return Slot.VALUE
+        return StackSlot(Slot.ITERATOR)
+    if isinstance(value, MethodValue):
+        return StackSlot(Slot.METHOD, value.name)
+    if (
+        isinstance(value, BoundMethodValue)
+        and value.source is None
+        and isinstance(value.fn, UserFunctionValue)
+    ):
+        return StackSlot(Slot.METHOD, value.fn.fn.__name__)
+    return StackSlot(Slot.VALUE)
 
 
-def _call_resume(cg: CodeBuilder, name: str, slots: list[Slot], local_names: list[str]) -> None:
+def _call_resume(
+    cg: CodeBuilder, name: str, slots: list[StackSlot], local_names: list[str]
+) -> None:
     cg.push_null()
     cg.load_global(name)
     count = 0
     for i, slot in enumerate(slots):
-        if slot is not Slot.NULL:
+        if slot.kind is not Slot.NULL:
             cg.load_fast(break_temp(i))
             count += 1
     for local in local_names:
@@ -229,15 +239,18 @@ def build_break_replacement(
     slots = [_slot(v) for v in stack]
     callee_at = len(stack) - inst.arg - 1 if inst.op is Op.CALL else -1
     for i, value in enumerate(stack):
-        if slots[i] is Slot.ITERATOR:
+        kind = slots[i].kind
+        if i == callee_at and kind is not Slot.NULL:
+            _reconstruct_callee(em, value, site)
+        elif kind is Slot.ITERATOR:
             em.reconstruct(TupleValue(value.items[value.position :]))
-            cg.store_fast(break_temp(i))
-        elif slots[i] is Slot.VALUE:
-            if i == callee_at:
-                _reconstruct_callee(em, value, site)
-            else:
-                em.reconstruct(value)
-            cg.store_fast(break_temp(i))
+        elif kind is Slot.METHOD:
+            em.reconstruct(value.receiver)
+        elif kind is Slot.VALUE:
+            em.reconstruct(value)
+        else:
+            continue
+        cg.store_fast(break_temp(i))
     for name, value in site.locals.items():
         em.reconstruct(value)
         cg.store_fast(name)
@@ -263,7 +276,7 @@ def build_break_replacement(
         )
     base = len(stack) - consumed
     for i in range(base, len(stack)):
-        if slots[i] is Slot.NULL:
+        if slots[i].kind is Slot.NULL:
             cg.push_null()
         else:
             cg.load_fast(break_temp(i))
@@ -272,6 +285,6 @@ def build_break_replacement(
     else:
         cg.call_ex(bool(inst.arg & 1))
     cg.store_fast(break_temp(base))
-    rest = slots[:base] + [Slot.VALUE]
+    rest = slots[:base] + [StackSlot(Slot.VALUE)]
     _call_resume(cg, site.make_resume(inst.index + 1, rest, local_names), rest, local_names)
     return cg.to_code()

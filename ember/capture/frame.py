@@ -28,7 +28,7 @@ from ember.capture.codegen import (
     live_tensors,
 )
 from ember.capture.guards import build_guard_function
-from ember.capture.resume import Slot, covered_by_handler, make_resume_function
+from ember.capture.resume import StackSlot, covered_by_handler, make_resume_function
 from ember.capture.translator import CaptureContext, root_translator
 from ember.errors import BackendCompilerFailed, Unsupported
 
@@ -142,7 +142,7 @@ def _install_resume(
     tracer: Any,
     wrap: Callable[..., Any],
     target: int,
-    slots: list[Slot],
+    slots: list[StackSlot],
     local_names: list[str],
 ) -> str:
     resume = make_resume_function(fn, target, slots, local_names, tracer.insts)

@@ -9,6 +9,7 @@ code after a break is captured too.
 
 from __future__ import annotations
 
+import dataclasses
 import dis
 import enum
 import inspect
@@ -16,7 +17,7 @@ import types
 
 from bytecode import Bytecode, Instr, Label
 
-from ember.bytecode import Inst
+from ember.bytecode import PY312, Inst
 from ember.errors import BreakReason, Unsupported
 
 
@@ -26,6 +27,19 @@ class Slot(enum.Enum):
     VALUE = "passed as a parameter"
     NULL = "the NULL of the call convention, pushed back by the prologue"
     ITERATOR = "the remaining items of a loop's iterator, passed as a tuple and re-iterated"
+    METHOD = "a method: its receiver is passed and the prologue looks the method up again"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StackSlot:
+    """One stack slot at a break: how it travels, and for METHOD the attribute name.
+
+    A method travels as its receiver so that the resume function sees `receiver.name` with a
+    source (a bound method passed as an object would be guarded by identity, and a fresh
+    `lst.append` is a new object on every call)."""
+
+    kind: Slot
+    attr: str = ""
 
 
 def covered_by_handler(code: types.CodeType, inst: Inst) -> bool:
@@ -40,7 +54,7 @@ def stack_param(i: int) -> str:
 def make_resume_function(
     fn: types.FunctionType,
     target: int,
-    slots: list[Slot],
+    slots: list[StackSlot],
     local_names: list[str],
     insts: list[Inst],
 ) -> types.FunctionType:
@@ -66,15 +80,17 @@ def make_resume_function(
                 entries.insert(position, label)
                 break
             seen += 1
-    stack_names = [stack_param(i) for i, slot in enumerate(slots) if slot is not Slot.NULL]
+    stack_names = [stack_param(i) for i, slot in enumerate(slots) if slot.kind is not Slot.NULL]
     prologue = [e for e in entries[:body_start] if isinstance(e, Instr)]
     for i, slot in enumerate(slots):
-        if slot is Slot.NULL:
+        if slot.kind is Slot.NULL:
             prologue.append(Instr("PUSH_NULL"))
             continue
         prologue.append(Instr("LOAD_FAST", stack_param(i)))
-        if slot is Slot.ITERATOR:
+        if slot.kind is Slot.ITERATOR:
             prologue.append(Instr("GET_ITER"))
+        elif slot.kind is Slot.METHOD:
+            prologue.append(Instr("LOAD_ATTR", (False, slot.attr) if PY312 else slot.attr))
     prologue.append(Instr("JUMP_FORWARD", label))
     resume = Bytecode(prologue + entries[body_start:])
     resume.name = f"__resume_{code.co_name}_at_{insts[target].offset}"
