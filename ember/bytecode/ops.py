@@ -90,6 +90,9 @@ class Op(enum.Enum):
     LOAD_ASSERTION_ERROR = enum.auto()
     RETURN_GENERATOR = enum.auto()
     YIELD_VALUE = enum.auto()
+    GET_YIELD_FROM_ITER = enum.auto()
+    SEND = enum.auto()
+    END_SEND = enum.auto()
     RAISE_VARARGS = enum.auto()
     CALL_INTRINSIC_1 = enum.auto()
     GET_LEN = enum.auto()
@@ -128,14 +131,10 @@ UNSUPPORTED: dict[str, str] = {
             "GET_AITER",
             "GET_ANEXT",
             "GET_AWAITABLE",
-            "SEND",
-            "END_SEND",
             "CLEANUP_THROW",
         ],
         "coroutines and async code are not captured",
     ),
-    "GET_YIELD_FROM_ITER": "`yield from` is not captured (plain `yield` and generator "
-    "expressions are)",
     **dict.fromkeys(
         [
             "PUSH_EXC_INFO",

@@ -71,7 +71,9 @@ def apply(tx: Translator, fn: Any, args: list[Value]) -> Value:
         return args[0].getitem(tx, args[1])
     if any(isinstance(a, TensorValue) for a in args):
         return tensor_op(tx, "call_function", fn, args, {})
-    if all_constant(args) and not any(isinstance(a, SequenceValue | DictValue) for a in args):
+    if all_constant(args) and not any(
+        isinstance(a, SequenceValue | DictValue | SetValue) for a in args
+    ):
         try:
             return ConstantValue(fn(*(a.as_constant() for a in args)))
         except Exception as exc:
@@ -94,6 +96,8 @@ def _identity(fn: Any, a: Value, b: Value) -> Value:
 
 
 def _contains(tx: Translator, container: Value, item: Value) -> Value:
+    if isinstance(container, SetValue):
+        return ConstantValue(container.contains(item))
     if isinstance(container, DictValue):
         return ConstantValue(container._key(item) in container.items)
     if isinstance(container, TensorValue) or isinstance(item, TensorValue):

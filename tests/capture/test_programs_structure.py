@@ -663,3 +663,34 @@ def test_nested_generator_function():
         return torch.stack(tuple(gen()))
 
     check_against_eager(f, x4(), frames=1)
+
+
+def _inner_gen(xs):
+    for t in xs:
+        yield t * 2
+    return len(xs)
+
+
+def _outer_gen(xs):
+    n = yield from _inner_gen(xs)
+    yield n
+    yield from (t + 1 for t in xs)
+    yield from [100]
+
+
+def test_yield_from_delegates_and_returns():
+    def f(x):
+        return list(_outer_gen(x.unbind(0)))
+
+    check_against_eager(f, x34(), frames=1)
+
+
+def test_sets_of_objects_by_identity():
+    def f(x, y):
+        seen = {x}
+        seen.add(y)
+        seen.add(x)
+        out = [t * 2 for t in (x, y) if t in seen]
+        return len(seen), out, y in seen, {1, 2} | {3}
+
+    check_against_eager(f, x4(), x4(), frames=1)

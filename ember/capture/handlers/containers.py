@@ -27,8 +27,7 @@ def build_list(tx, inst):
 
 @handler(Op.BUILD_SET)
 def build_set(tx, inst):
-    items = tx.popn(inst.arg)
-    tx.push(SetValue({v.as_constant() for v in items}))
+    tx.push(SetValue(values=tx.popn(inst.arg)))
 
 
 @handler(Op.BUILD_MAP)
@@ -78,13 +77,15 @@ def list_to_tuple(tx, inst):
 @handler(Op.SET_ADD)
 def set_add(tx, inst):
     value = tx.pop()
-    tx.peek(inst.arg).items.add(value.as_constant())
+    tx.peek(inst.arg).add(value)
 
 
 @handler(Op.SET_UPDATE)
 def set_update(tx, inst):
     value = tx.pop()
-    tx.peek(inst.arg).items.update(v.as_constant() for v in value.iterate(tx))
+    target = tx.peek(inst.arg)
+    for item in value.iterate(tx):
+        target.add(item)
 
 
 @handler(Op.MAP_ADD)

@@ -1,11 +1,14 @@
-"""Generator frames: RETURN_GENERATOR and YIELD_VALUE inside a generator being run to
-exhaustion by `values/generators.py` (the frame carries a `yielded` list)."""
+"""Generator frames: RETURN_GENERATOR, YIELD_VALUE and `yield from` (GET_YIELD_FROM_ITER,
+SEND, END_SEND) inside a generator being run to exhaustion by `values/generators.py` (the
+frame carries a `yielded` list). The delegated-to iterable is materialized like any loop."""
 
 from __future__ import annotations
 
 from ember.bytecode import Op
+from ember.bytecode.ops import PY312
 from ember.capture.handlers import handler
 from ember.capture.values.base import ConstantValue
+from ember.capture.values.containers import IteratorValue
 from ember.errors import BreakReason, Unsupported
 
 
@@ -31,3 +34,29 @@ def return_generator(tx, inst):
 def yield_value(tx, inst):
     _yielded(tx).append(tx.pop())
     tx.push(ConstantValue(None))  # what `yield` evaluates to: nothing is ever sent
+
+
+@handler(Op.GET_YIELD_FROM_ITER)
+def get_yield_from_iter(tx, inst):
+    _yielded(tx)
+    value = tx.pop()
+    tx.push(value if isinstance(value, IteratorValue) else IteratorValue(value.iterate(tx)))
+
+
+@handler(Op.SEND)
+def send(tx, inst):
+    tx.pop()  # the sent value: always None, nothing is ever sent
+    iterator = tx.peek()
+    item = iterator.next()
+    if item is not None:
+        tx.push(item)  # YIELD_VALUE yields it, then the loop jumps back here
+        return
+    if not PY312:
+        tx.pop()  # 3.11 drops the iterator here; 3.12 leaves it for END_SEND
+    tx.push(iterator.returned or ConstantValue(None))
+    tx.ip = inst.target
+
+
+@handler(Op.END_SEND)
+def end_send(tx, inst):
+    del tx.stack[-2]

@@ -223,10 +223,7 @@ def _dict(tx, args, kwargs):
 
 @handles(set, frozenset)
 def _set(tx, args, kwargs):
-    items = args[0].iterate(tx) if args else []
-    if not all_constant(items):
-        raise Unsupported(BreakReason.UNSUPPORTED_OBJECT, "set of non-constant values")
-    return SetValue({v.as_constant() for v in items})
+    return SetValue(values=args[0].iterate(tx) if args else [])
 
 
 @handles(slice)
@@ -332,6 +329,24 @@ def _sorted(tx, args, kwargs):
     return ListValue(
         [ConstantValue(v) for v in sorted((i.as_constant() for i in items), reverse=reverse)]
     )
+
+
+def _fold_constructor(cls: type) -> Handler:
+    """Constructors of immutable torch descriptions, folded (`torch.finfo(x.dtype).min`)."""
+
+    def handler(tx, args, kwargs):
+        if not all_constant(args) or not all_constant(list(kwargs.values())):
+            raise Unsupported(
+                BreakReason.UNSUPPORTED_CALL, f"{cls.__name__} built from non-constant values"
+            )
+        kw = {k: v.as_constant() for k, v in kwargs.items()}
+        return ConstantValue(cls(*(a.as_constant() for a in args), **kw))
+
+    return handler
+
+
+for _cls in (torch.finfo, torch.iinfo, torch.Size, torch.device):
+    BUILTINS[_cls] = _fold_constructor(_cls)
 
 
 @handles(dataclasses.fields)

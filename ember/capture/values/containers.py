@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from ember.capture.values.base import ConstantValue, Value, all_constant
 from ember.errors import BreakReason, Unsupported
 
@@ -316,28 +318,58 @@ class DictValue(Value):
 
 
 class SetValue(Value):
-    """A set of constants."""
+    """A set of constants, or of objects that hash by identity (modules, tensors, plain user
+    objects): the `memo` sets of nn.Module's helpers (`named_modules`, `parameters`)."""
 
-    def __init__(self, items: set[Any]) -> None:
-        self.items = set(items)
+    def __init__(self, items: Any = (), values: list[Value] | None = None) -> None:
+        self.entries: dict[Any, Value] = {}
+        for item in items:
+            self.entries.setdefault(("const", item), ConstantValue(item))
+        for value in values or []:
+            self.add(value)
+
+    @staticmethod
+    def key(value: Value) -> Any:
+        if value.is_constant():
+            return ("const", value.as_constant())
+        if value.python_type().__hash__ in (object.__hash__, torch.Tensor.__hash__):
+            return ("id", id(value))  # builder gives one Value per object, so id is identity
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_OBJECT, f"{value.describe()} in a set (custom __hash__)"
+        )
+
+    def add(self, value: Value) -> None:
+        self.entries.setdefault(self.key(value), value)
+
+    @property
+    def items(self) -> set[Any]:
+        return self.as_constant()
+
+    def describe(self) -> str:
+        return f"set of {len(self.entries)}"
 
     def python_type(self) -> type:
         return set
 
     def is_constant(self) -> bool:
-        return True
+        return all(k[0] == "const" for k in self.entries)
 
     def as_constant(self) -> Any:
-        return set(self.items)
+        if not self.is_constant():
+            return super().as_constant()
+        return {k[1] for k in self.entries}
 
     def truth(self, tx: Translator) -> bool:
-        return bool(self.items)
+        return bool(self.entries)
 
     def length(self, tx: Translator) -> int:
-        return len(self.items)
+        return len(self.entries)
 
     def iterate(self, tx: Translator) -> list[Value]:
-        return [ConstantValue(v) for v in self.items]
+        return list(self.entries.values())
+
+    def contains(self, value: Value) -> bool:
+        return self.key(value) in self.entries
 
     def getattr(self, tx: Translator, name: str) -> Value:
         from ember.capture.values.functions import MethodValue
@@ -345,17 +377,40 @@ class SetValue(Value):
         return MethodValue(self, name)
 
     def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
-        if name in ("add", "discard", "remove", "update", "clear"):
-            getattr(self.items, name)(*(a.as_constant() for a in args))
-            return ConstantValue(None)
-        result = getattr(self.items, name)(*(a.as_constant() for a in args))
-        return SetValue(result) if isinstance(result, set) else ConstantValue(result)
+        if name == "add":
+            self.add(args[0])
+        elif name == "update":
+            for other in args:
+                for value in other.iterate(tx):
+                    self.add(value)
+        elif name in ("discard", "remove"):
+            key = self.key(args[0])
+            if key not in self.entries and name == "remove":
+                raise Unsupported(BreakReason.EXCEPTION_RAISED, "KeyError from set.remove()")
+            self.entries.pop(key, None)
+        elif name == "clear":
+            self.entries.clear()
+        elif name == "__contains__":
+            return ConstantValue(self.contains(args[0]))
+        elif name == "copy":
+            return SetValue(values=self.iterate(tx))
+        elif self.is_constant() and all_constant(args):
+            result = getattr(self.as_constant(), name)(*(a.as_constant() for a in args))
+            return SetValue(result) if isinstance(result, set) else ConstantValue(result)
+        else:
+            raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"set.{name}() on non-constants")
+        return ConstantValue(None)
 
     def reconstruct(self, em: Emitter) -> None:
-        em.cg.load_const(frozenset(self.items))
-        em.cg.build("SET", 0)
-        em.cg.swap(2)
-        em.cg.emit("SET_UPDATE", 1)
+        if self.is_constant():
+            em.cg.load_const(frozenset(self.as_constant()))
+            em.cg.build("SET", 0)
+            em.cg.swap(2)
+            em.cg.emit("SET_UPDATE", 1)
+            return
+        for value in self.entries.values():
+            em.reconstruct(value)
+        em.cg.build("SET", len(self.entries))
 
 
 class SliceValue(Value):
@@ -382,9 +437,11 @@ class SliceValue(Value):
 class IteratorValue(Value):
     """An iterator over a list of values, materialized when the loop starts (unrolling)."""
 
-    def __init__(self, items: list[Value]) -> None:
+    def __init__(self, items: list[Value], returned: Value | None = None) -> None:
         self.items = items
         self.position = 0
+        self.returned = returned
+        """What a generator returned after its last yield (the value of `yield from`)."""
 
     def describe(self) -> str:
         return "iterator"

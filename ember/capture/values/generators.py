@@ -52,5 +52,5 @@ def inline_generator(
     cells = dict(zip(code.co_freevars, closure))
     child = Translator(tx.ctx, code, f_globals, f_locals, cells, parent=tx)
     child.yielded = []  # marks the frame as a generator for RETURN_GENERATOR / YIELD_VALUE
-    child.run()
-    return IteratorValue(child.yielded)
+    returned = child.run()
+    return IteratorValue(child.yielded, returned)

@@ -175,6 +175,8 @@ class UserObjectValue(Value):
         return True
 
     def getattr(self, tx: Translator, name: str) -> Value:
+        if name == "__class__":  # the type is pinned by the TYPE_MATCH guard
+            return tx.ctx.builder.wrap_const(self.cls)
         if self.is_new:
             if name in self.attrs:
                 return self.attrs[name]
