@@ -12,10 +12,10 @@ import dataclasses
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ember.capture.guards import GuardKind, GuardSet
 from ember.capture.sources import Source
+from ember.capture.values.meta import to_meta
 from ember.capture.values.tensor import TensorValue
 
 
@@ -46,7 +46,6 @@ class OutputGraph:
     def __init__(self, guards: GuardSet) -> None:
         self.graph = torch.fx.Graph()
         self.guards = guards
-        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=False)
         self._inputs: dict[Source, GraphInput] = {}
         self._by_tensor: dict[int, GraphInput] = {}
         self._last_placeholder: torch.fx.Node | None = None
@@ -67,10 +66,10 @@ class OutputGraph:
         with ctx:
             node = self.graph.placeholder(source.graph_name())
         self._last_placeholder = node
-        fake = self.fake_mode.from_tensor(real)
+        fake = to_meta(real)
         node.meta["example_value"] = fake
         node.meta["source"] = source.name()
-        value = TensorValue(node, fake, source)
+        value = TensorValue(node, fake, real.device, source)
         value.python_cls = type(real)
         entry = GraphInput(source, value, real)
         self._inputs[source] = entry

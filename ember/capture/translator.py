@@ -63,10 +63,6 @@ class CaptureContext:
     def __post_init__(self) -> None:
         self.builder = ValueBuilder(self)
 
-    @property
-    def fake_mode(self):
-        return self.out.fake_mode
-
     @classmethod
     def new(cls, fn: types.FunctionType) -> CaptureContext:
         guards = GuardSet()

@@ -1,7 +1,8 @@
-"""Tensors during capture: an fx node plus a fake example carrying dtype, shape, stride,
-device and requires_grad; and the one path by which any torch call becomes a graph node.
+"""Tensors during capture: an fx node plus a meta example carrying dtype, shape, stride and
+requires_grad (the real device is kept beside it); and the one path by which any torch call
+becomes a graph node.
 
-`tensor_op` runs the call on the fake examples (so shapes and errors are exactly PyTorch's),
+`tensor_op` runs the call on the meta examples (so shapes and errors are exactly PyTorch's),
 then records a node whose arguments are the same values in graph form. Results that are plain
 Python values (sizes, flags) become constants and leave no node behind.
 """
@@ -12,12 +13,9 @@ import operator
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch._subclasses.fake_tensor import (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-)
 
 from ember.capture.values.base import ConstantValue, Value
+from ember.capture.values.meta import is_data_dependent_error, result_device, run_on_meta
 from ember.errors import BreakReason, Unsupported
 
 if TYPE_CHECKING:
@@ -93,9 +91,13 @@ _REFUSED = {
 
 
 class TensorValue(Value):
-    def __init__(self, node: torch.fx.Node, example: torch.Tensor, source=None) -> None:
+    def __init__(
+        self, node: torch.fx.Node, example: torch.Tensor, device: torch.device, source=None
+    ) -> None:
         self.node = node
         self.example = example
+        self.device = device
+        """Where the real tensor lives (the meta example only knows 'meta')."""
         self.source = source
         self.python_cls = torch.Tensor
 
@@ -118,6 +120,8 @@ class TensorValue(Value):
     def getattr(self, tx: Translator, name: str) -> Value:
         from ember.capture.values.functions import MethodValue
 
+        if name in _DEVICE_ATTRS:
+            return ConstantValue(_DEVICE_ATTRS[name](self.device))
         if name in _META_ATTRS:
             return ConstantValue(getattr(self.example, name))
         if name in _TENSOR_ATTRS:
@@ -190,7 +194,7 @@ def graph_arg(value: Value) -> Any:
 
 
 def example_arg(value: Value) -> Any:
-    """The value with tensors replaced by their fake examples."""
+    """The value with tensors replaced by their meta examples."""
     from ember.capture.values.containers import SequenceValue, SliceValue
 
     if isinstance(value, TensorValue):
@@ -203,11 +207,25 @@ def example_arg(value: Value) -> Any:
     return value.as_constant()
 
 
-def _run_fake(tx: Translator, kind: str, target: Any, args: list, kwargs: dict) -> Any:
-    with tx.ctx.fake_mode:
-        if kind == "call_method":
-            return getattr(args[0], target)(*args[1:], **kwargs)
-        return target(*args, **kwargs)
+_DEVICE_ATTRS = {
+    "device": lambda d: d,
+    "is_cuda": lambda d: d.type == "cuda",
+    "is_cpu": lambda d: d.type == "cpu",
+    "is_mps": lambda d: d.type == "mps",
+    "is_meta": lambda d: d.type == "meta",
+}
+
+
+def _tensor_devices(values: list[Value]) -> list[torch.device]:
+    from ember.capture.values.containers import SequenceValue
+
+    found = []
+    for value in values:
+        if isinstance(value, TensorValue):
+            found.append(value.device)
+        elif isinstance(value, SequenceValue):
+            found.extend(_tensor_devices(value.items))
+    return found
 
 
 def tensor_op(
@@ -218,32 +236,35 @@ def tensor_op(
     ex_kwargs = {k: example_arg(v) for k, v in kwargs.items()}
     name = target if isinstance(target, str) else getattr(target, "__name__", repr(target))
     try:
-        result = _run_fake(tx, kind, target, ex_args, ex_kwargs)
-    except (DataDependentOutputException, DynamicOutputShapeException) as exc:
-        raise Unsupported(
-            BreakReason.DATA_DEPENDENT_OP,
-            f"{name}: output depends on tensor values ({type(exc).__name__})",
-            hint="ember specializes on static shapes; move this op outside the compiled region",
-        ) from exc
+        result = run_on_meta(kind, target, ex_args, ex_kwargs)
     except Unsupported:
         raise
     except Exception as exc:
+        if is_data_dependent_error(exc):
+            raise Unsupported(
+                BreakReason.DATA_DEPENDENT_OP,
+                f"{name}: output shape depends on tensor values",
+                hint="ember specializes on static shapes; move this op outside the compiled region",
+            ) from exc
         raise Unsupported(
             BreakReason.TENSOR_OP_FAILED, f"{name} raised {type(exc).__name__}: {exc}"
         ) from exc
     node_args = tuple(graph_arg(a) for a in args)
     node_kwargs = {k: graph_arg(v) for k, v in kwargs.items()}
     node = tx.ctx.out.create_node(kind, target, node_args, node_kwargs)
-    return wrap_result(tx, node, result)
+    device = result_device(
+        kind, target, ex_args, ex_kwargs, _tensor_devices([*args, *kwargs.values()])
+    )
+    return wrap_result(tx, node, result, device)
 
 
-def wrap_result(tx: Translator, node: torch.fx.Node, result: Any) -> Value:
-    """Symbolic value for a node's fake result (tensors, tuples of tensors, or constants)."""
+def wrap_result(tx: Translator, node: torch.fx.Node, result: Any, device: torch.device) -> Value:
+    """Symbolic value for a node's meta result (tensors, tuples of tensors, or constants)."""
     from ember.capture.values.containers import TupleValue
 
     if isinstance(result, torch.Tensor):
         node.meta["example_value"] = result
-        return TensorValue(node, result)
+        return TensorValue(node, result, device)
     if isinstance(result, (tuple, list)) and any(isinstance(r, torch.Tensor) for r in result):
         node.meta["example_value"] = result
         items = []
@@ -251,7 +272,7 @@ def wrap_result(tx: Translator, node: torch.fx.Node, result: Any) -> Value:
             if isinstance(item, torch.Tensor):
                 sub = tx.ctx.out.create_node("call_function", operator.getitem, (node, i), {})
                 sub.meta["example_value"] = item
-                items.append(TensorValue(sub, item))
+                items.append(TensorValue(sub, item, device))
             else:
                 items.append(ConstantValue(item))
         struct = type(result) if isinstance(result, tuple) and type(result) is not tuple else None
