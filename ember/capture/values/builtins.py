@@ -7,8 +7,10 @@ are folded when every argument is a constant; anything else is refused with its 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
+import itertools
 import math
 import operator
 from collections.abc import Callable
@@ -347,6 +349,39 @@ def _fold_constructor(cls: type) -> Handler:
 
 for _cls in (torch.finfo, torch.iinfo, torch.Size, torch.device):
     BUILTINS[_cls] = _fold_constructor(_cls)
+
+
+@handles(functools.reduce)
+def _reduce(tx, args, kwargs):
+    fn, items = args[0], args[1].iterate(tx)
+    if len(args) > 2:
+        total, rest = args[2], items
+    elif items:
+        total, rest = items[0], items[1:]
+    else:
+        raise Unsupported(BreakReason.EXCEPTION_RAISED, "reduce() of an empty sequence")
+    for item in rest:
+        total = fn.call(tx, [total, item], {})
+    return total
+
+
+@handles(itertools.chain)
+def _chain(tx, args, kwargs):
+    return IteratorValue([v for a in args for v in a.iterate(tx)])
+
+
+@handles(itertools.product)
+def _product(tx, args, kwargs):
+    repeat = kwargs.get("repeat", ConstantValue(1)).as_constant()
+    columns = [a.iterate(tx) for a in args] * repeat
+    return IteratorValue([TupleValue(list(row)) for row in itertools.product(*columns)])
+
+
+@handles(collections.OrderedDict)
+def _ordered_dict(tx, args, kwargs):
+    result = _dict(tx, args, kwargs)
+    result.dict_type = collections.OrderedDict
+    return result
 
 
 @handles(dataclasses.fields)

@@ -218,6 +218,12 @@ class PartialValue(Value):
         return super().getattr(tx, name)
 
 
+def _materialized(tx: Translator, value: Value) -> Value:
+    from ember.capture.values.containers import IteratorValue, TupleValue
+
+    return TupleValue(value.iterate(tx)) if isinstance(value, IteratorValue) else value
+
+
 class BuiltinValue(Value):
     """A function implemented in C or a pure helper: run through the builtins table, or
     folded when it is pure and all arguments are constants."""
@@ -244,6 +250,8 @@ class BuiltinValue(Value):
         handler = BUILTINS.get(self.fn)
         if handler is not None:
             return handler(tx, args, kwargs)
+        if is_pure(self.fn):  # iterators of constants are consumed as the call would
+            args = [_materialized(tx, a) for a in args]
         if is_pure(self.fn) and all_constant(args) and all_constant(list(kwargs.values())):
             try:
                 result = self.fn(

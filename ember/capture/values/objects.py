@@ -120,25 +120,39 @@ class ModuleValue(Value):
         tx.ctx.guards.add(GuardKind.NO_HOOKS, self.source)
         return self.getattr(tx, "forward").call(tx, args, kwargs)
 
-    def _children(self) -> list[tuple[Any, torch.nn.Module]]:
+    def _children(self, tx: Translator) -> list[tuple[Any, torch.nn.Module]]:
+        """The items of a container module; the trace now depends on which there are."""
+        from ember.capture.guards import GuardKind
+
         m = self.module
-        if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)):
+        if self.source is not None and isinstance(m, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
+            tx.ctx.guards.add(GuardKind.DICT_KEYS, self.source, (type(m), list(m.keys())))
+        elif self.source is not None:
+            tx.ctx.guards.add(GuardKind.LENGTH_MATCH, self.source, (type(m), len(m)))
+        if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ParameterList)):
             return list(enumerate(m))
-        if isinstance(m, torch.nn.ModuleDict):
+        if isinstance(m, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
             return list(m.items())
         raise Unsupported(BreakReason.DYNAMIC_CONTROL_FLOW, f"iterating {self.describe()}")
 
     def iterate(self, tx: Translator) -> list[Value]:
-        if isinstance(self.module, torch.nn.ModuleDict):
-            return [ConstantValue(k) for k, _ in self._children()]
-        return [tx.ctx.builder.wrap(c, ItemSource(self.source, k)) for k, c in self._children()]
+        if isinstance(self.module, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
+            return [ConstantValue(k) for k, _ in self._children(tx)]
+        return [tx.ctx.builder.wrap(c, ItemSource(self.source, k)) for k, c in self._children(tx)]
 
     def length(self, tx: Translator) -> int:
-        return len(self._children())
+        return len(self._children(tx))
 
     def getitem(self, tx: Translator, key: Value) -> Value:
+        from ember.capture.values.containers import ListValue
+
         k = key.as_constant()
-        children = dict(self._children())
+        if isinstance(k, slice):  # layers[1:]: the selected children, iterable and indexable
+            children = self._children(tx)
+            return ListValue(
+                [tx.ctx.builder.wrap(c, ItemSource(self.source, i)) for i, c in children[k]]
+            )
+        children = dict(self._children(tx))
         if isinstance(k, int) and k < 0:
             k += len(children)
         if k not in children:
