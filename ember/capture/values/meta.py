@@ -9,6 +9,10 @@ carry it separately and device arguments are redirected to meta while an op runs
 
 from __future__ import annotations
 
+import contextlib
+import sys
+import types
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -45,8 +49,45 @@ def _device_arg(value: Any) -> torch.device | None:
     return None
 
 
+def _undisabled(fn: Any, recursive: bool = True, wrapping: bool = True) -> Any:
+    return fn
+
+
+@contextlib.contextmanager
+def _without_dynamo_import() -> Iterator[None]:
+    """PyTorch's Python meta kernels are wrapped in `torch._disable_dynamo`, which imports
+    all of torch._dynamo on a kernel's first call only to mark it "not to be traced by Dynamo"
+    (about a second here, more than ember's whole capture). While a meta kernel runs, a
+    stand-in module answers that one call with the function itself. The stand-in is removed
+    afterwards; a later real `import torch._dynamo` is unaffected. No-op once Dynamo is loaded."""
+    if "torch._dynamo" in sys.modules:
+        yield
+        return
+    stand_in = types.ModuleType("torch._dynamo", "ember: stands in while meta kernels run")
+    stand_in.disable = _undisabled
+    sys.modules["torch._dynamo"] = stand_in
+    torch._dynamo = stand_in
+    try:
+        yield
+    finally:
+        if sys.modules.get("torch._dynamo") is stand_in:
+            del sys.modules["torch._dynamo"]
+        if torch.__dict__.get("_dynamo") is stand_in:
+            del torch._dynamo
+
+
 def run_on_meta(kind: str, target: Any, args: list, kwargs: dict) -> Any:
     """Call `target` (a function, or a method name for call_method) on meta examples."""
+    try:
+        with _without_dynamo_import():
+            return _call(kind, target, args, kwargs)
+    except (ImportError, AttributeError) as exc:
+        if "_dynamo" not in str(exc):
+            raise
+    return _call(kind, target, args, kwargs)  # the kernel needed the real torch._dynamo
+
+
+def _call(kind: str, target: Any, args: list, kwargs: dict) -> Any:
     args = tree_map(_redirect, list(args))
     kwargs = {
         k: _META if k == "device" and v is not None else _redirect(v) for k, v in kwargs.items()
