@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import inspect
+import math
 import types
 from collections.abc import Callable
 from typing import Any
@@ -73,7 +74,12 @@ def _equals_conditions(g: Guard, scope: GuardScope) -> list[str]:
     value = g.expected
     if isinstance(value, (torch.dtype, torch.device)) or type(value) in (bool, type(None)):
         return [f"{e} is {scope.const(value)}"] if value is not None else [f"{e} is None"]
-    return [f"type({e}) is {scope.const(type(value), 'T')}", f"{e} == {value!r}"]
+    same_type = f"type({e}) is {scope.const(type(value), 'T')}"
+    if isinstance(value, float) and value != value:
+        return [same_type, f"{e} != {e}"]  # NaN: equal to nothing, itself included
+    if type(value) in (int, str) or type(value) is float and math.isfinite(value):
+        return [same_type, f"{e} == {value!r}"]  # readable where repr is Python
+    return [same_type, f"{e} == {scope.const(value)}"]  # inf, torch.Size, complex, ...
 
 
 def _dict_keys(g: Guard, scope: GuardScope) -> list[str]:

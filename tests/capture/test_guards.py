@@ -379,3 +379,44 @@ def test_first_failure_names_the_failing_guard():
     assert entry.guard.first_failure(torch.randn(2)) == "(all guards hold)"
     assert "x.shape == (2,)" in entry.guard.first_failure(torch.randn(3))
     assert "dtype" in entry.guard.first_failure(torch.randn(2).double())
+
+
+INF_K = float("inf")
+NAN_K = float("nan")
+SIZE_K = torch.Size([2, 2])
+COMPLEX_K = 1 + 2j
+
+
+def test_constants_whose_repr_is_not_python_still_hit_the_cache():
+    def f(x):
+        return (
+            x.clamp(max=INF_K)
+            + torch.nan_to_num(x * NAN_K)
+            + x.view(SIZE_K).sum() * (COMPLEX_K.real)
+        )
+
+    compiled, counter = compiled_with_counter(f)
+    for _ in range(3):
+        x = torch.randn(4)
+        run_both(f, compiled, x)
+    assert counter.frame_count == 1
+    (entry,) = frame_cache.cache_for(f.__code__).entries
+    assert entry.guard.check(torch.randn(4))
+
+
+def test_class_getattr_fallback_is_inlined():
+    class Config:
+        def __init__(self):
+            self.known = 2
+
+        def __getattr__(self, name):
+            return 10 if name.startswith("dyn_") else 0
+
+    def f(x, cfg):
+        return x * cfg.known + cfg.dyn_scale + hasattr(cfg, "anything")
+
+    compiled, counter = compiled_with_counter(f)
+    for _ in range(2):
+        x = torch.randn(4)
+        run_both(f, compiled, x, Config())
+    assert counter.frame_count == 1

@@ -32,6 +32,9 @@ def _class_attribute(tx: Translator, owner: Value, cls: type, name: str, source)
             attr = klass.__dict__[name]
             break
     else:
+        fallback = getattr(cls, "__getattr__", None)
+        if isinstance(fallback, types.FunctionType) and not issubclass(cls, torch.nn.Module):
+            return UserFunctionValue(fallback).call(tx, [owner, ConstantValue(name)], {})
         raise Unsupported(
             BreakReason.EXCEPTION_RAISED,
             f"{cls.__name__!r} object has no attribute {name!r}",
