@@ -52,6 +52,8 @@ class AotFunction:
         self.compile_aten = compile_aten
         self.state = lift_state(gm)
         self._cache: dict[tuple[Any, ...], Callable[[Sequence[Any]], Any]] = {}
+        self._fast: Callable[..., Any] | None = None
+        self._fast_arity = -1
 
     def _build(self, args: Sequence[Any], training: bool) -> Callable[[Sequence[Any]], Any]:
         if training:
@@ -83,9 +85,21 @@ class AotFunction:
             training = any(k is True for k in key)
             runtime = self._build(args, training)
             self._cache[key] = runtime
+            if isinstance(runtime, InferenceRuntime) and runtime.simple and self._fast is None:
+                # tensors in, the graph's outputs out, nothing to copy back: the compiled
+                # callable is the whole call whenever no gradient is needed
+                self._fast, self._fast_arity = runtime.compiled, len(args)
         return runtime
 
     def __call__(self, *args: Any) -> Any:
+        fast = self._fast
+        if fast is not None and len(args) == self._fast_arity:
+            try:
+                needs_grad = torch.is_grad_enabled() and any(a.requires_grad for a in args)
+            except AttributeError:  # a non-tensor argument: the general path
+                needs_grad = True
+            if not needs_grad:
+                return fast(*args)
         runtime = self._cache.get(self.key(args))
         if runtime is None:
             runtime = self.runtime_for(args)

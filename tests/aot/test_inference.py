@@ -166,3 +166,21 @@ def test_data_dependent_rejected_clearly():
 
     with pytest.raises(TraceError, match="data-dependent"):
         aot_eager(fx.symbolic_trace(f), [torch.randn(4)])
+
+
+def test_inference_fast_path_still_switches_to_training():
+    def f(x):
+        return (x.sin() * 2,)
+
+    gm = fx.symbolic_trace(f)
+    with torch.no_grad():
+        fn = aot_eager(gm, [torch.randn(3)])
+    x = torch.randn(3)
+    torch.testing.assert_close(fn(x)[0], x.sin() * 2)  # the fast path
+    xg = x.clone().requires_grad_()
+    (y,) = fn(xg)
+    assert y.grad_fn is not None
+    y.sum().backward()
+    torch.testing.assert_close(xg.grad, 2 * x.cos())
+    with pytest.raises(TypeError):
+        fn(torch.randn(3), 1)  # a different arity takes the general path, like the gm would
