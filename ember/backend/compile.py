@@ -72,12 +72,20 @@ def generate(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Artifact:
     py = wrapper.wrapper_source(s, params, plan)
     ir_text = printer.graph_str(g) + "\n\nschedule:\n" + schedule_str(s)
     kernels = {name: len(p) for name, p in params.items()}
-    return Artifact("\n\n".join(sources), py, kernels, cacheable, ir_text)
+    consts = dict(g.constants)
+    return Artifact("\n\n".join(sources), py, kernels, consts, cacheable, ir_text)
 
 
-def _load(art: Artifact) -> Callable[..., Any]:
+def _load(art: Artifact, gm: torch.fx.GraphModule) -> Callable[..., Any]:
     kernels = build.load(art.cpp, art.kernels) if art.kernels else {}
-    return wrapper.instantiate(art.wrapper, kernels)
+    consts = {buf: _attr(gm, target) for buf, target in art.constants.items()}
+    return wrapper.instantiate(art.wrapper, kernels, consts)
+
+
+def _attr(gm: torch.nn.Module, target: str) -> Any:
+    for part in target.split("."):
+        gm = getattr(gm, part)
+    return gm
 
 
 def compile_aten(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
@@ -91,12 +99,12 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callabl
                 logs.log("schedule", "%s", art.ir_text)
             if logs.enabled("kernels"):
                 logs.log("kernels", "%s\n%s", art.cpp[len(PRELUDE) :], art.wrapper)
-            fn = _load(art)
+            fn = _load(art, gm)
             if art.cacheable:
                 cache.store(key, art)
             stats["generated"] += 1
         else:
-            fn = _load(art)
+            fn = _load(art, gm)
             stats["graph_cache_hits"] += 1
     except Exception as e:  # noqa: BLE001  (any failure: run the graph as aten ops)
         stats["graph_fallbacks"] += 1

@@ -75,7 +75,7 @@ def test_corrupt_or_truncated_entries_are_rebuilt(tmp_path):
         # truncated entries (written beside and renamed: the loaded library stays mapped)
         for path in (graph, so):
             tmp = path.with_name("broken")
-            tmp.write_bytes(path.read_bytes()[:1000 if path == so else 50])
+            tmp.write_bytes(path.read_bytes()[: 1000 if path == so else 50])
             os.replace(tmp, path)
         before = stats["generated"]
         got, want = _compiled(x)

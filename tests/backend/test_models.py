@@ -70,3 +70,12 @@ def test_input_mutation_and_aliasing_outputs():
     torch.testing.assert_close(y, expected_y)
     assert out[0].data_ptr() == x.data_ptr()  # eager's t() aliases x; so does ember's
     torch.testing.assert_close(out[1], x * expected_y)
+
+
+def test_tensor_constants_in_the_graph():
+    table = torch.tensor([1.0, -2.0, 3.0])
+
+    def f(x):
+        return torch.softmax(x * table, -1) + torch.tensor([0.5, 0.25, 0.125])
+
+    check(f, torch.randn(4, 3))

@@ -30,6 +30,7 @@ class Artifact:
     cpp: str
     wrapper: str
     kernels: dict[str, int]  # kernel name -> pointer argument count
+    constants: dict[str, str]  # buffer name -> fx attribute of a graph constant
     cacheable: bool = True
     ir_text: str = ""  # the loop IR and schedule, for logs and tests (not cached)
 
@@ -50,11 +51,16 @@ def _input_meta(t: Any) -> str:
 
 
 def graph_key(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> str:
+    """Everything the generated code depends on (constants by layout: values bind at load)."""
     cfg = dataclasses.asdict(config.current())
     cfg.pop("cache_dir", None)
+    consts = [
+        _input_meta(getattr(gm, n.target, None)) for n in gm.graph.nodes if n.op == "get_attr"
+    ]
     parts = [
         gm.code,
         "|".join(_input_meta(t) for t in example_inputs),
+        "|".join(consts),
         json.dumps(cfg, sort_keys=True, default=str),
         EMBER_VERSION,
         torch.__version__,
@@ -78,14 +84,20 @@ def load(key: str) -> Artifact | None:
         data = json.loads(payload)
         if data.get("format") != FORMAT:
             return None
-        return Artifact(data["cpp"], data["wrapper"], dict(data["kernels"]))
+        return Artifact(data["cpp"], data["wrapper"], dict(data["kernels"]), data["constants"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
 def store(key: str, art: Artifact) -> None:
     payload = json.dumps(
-        {"format": FORMAT, "cpp": art.cpp, "wrapper": art.wrapper, "kernels": art.kernels}
+        {
+            "format": FORMAT,
+            "cpp": art.cpp,
+            "wrapper": art.wrapper,
+            "kernels": art.kernels,
+            "constants": art.constants,
+        }
     ).encode()
     digest = hashlib.sha256(payload).hexdigest().encode()
     atomic_write(_path(key), digest + b"\n" + payload)

@@ -131,7 +131,8 @@ class _Writer:
                 self.body.append(f"    del {', '.join(dead)}")
         outs = [("None" if o is None else self.view(o.buffer, o.layout)) for o in g.outputs]
         self.body.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
-        sig = ", ".join(b.name for b in g.inputs)
+        consts = {name for name, _ in g.constants}
+        sig = ", ".join(b.name for b in g.inputs if b.name not in consts)
         return "\n".join(self.header + ["", f"def call({sig}):"] + self.body) + "\n"
 
 
@@ -155,9 +156,10 @@ def _fix(t: torch.Tensor, size: tuple, stride: tuple) -> torch.Tensor:
     return out
 
 
-def instantiate(source: str, kernels: dict[str, Any]) -> Any:
-    """Execute wrapper source with the kernel functions bound; returns `call`."""
+def instantiate(source: str, kernels: dict[str, Any], constants: dict[str, Any]) -> Any:
+    """Execute wrapper source with kernel functions and graph constants bound; returns `call`."""
     scope: dict[str, Any] = {
+        **constants,
         "_empty": torch.empty,
         "_empty_strided": torch.empty_strided,
         "_as": torch.as_strided,

@@ -301,10 +301,14 @@ class Output:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class LoopGraph:
+    """`inputs` are the graph's arguments, then its tensor constants; `constants` maps the
+    latter's buffer names to the fx attribute holding them (bound when the wrapper loads)."""
+
     inputs: tuple[Buffer, ...]
     buffers: tuple[Buffer, ...]
     nodes: tuple[Node, ...]
     outputs: tuple[Output | None, ...]
+    constants: tuple[tuple[str, str], ...] = ()
 
     def buffer_map(self) -> dict[str, Buffer]:
         return {b.name: b for b in self.inputs + self.buffers}

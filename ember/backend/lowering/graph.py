@@ -118,6 +118,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> ir.LoopGraph:
     env: dict[torch.fx.Node, Any] = {}
     inputs = iter(example_inputs)
     n_in = 0
+    constants: list[tuple[str, str]] = []
     outputs: tuple[ir.Output | None, ...] = ()
     for node in gm.graph.nodes:
         if node.op == "placeholder":
@@ -125,7 +126,10 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> ir.LoopGraph:
             env[node] = _input(builder, f"in{n_in}", t)
             n_in += 1
         elif node.op == "get_attr":
-            raise NotLowered("graph constants (get_attr) are not lowered")
+            t = _fetch_attr(gm, node.target)
+            name = f"const{len(constants)}"
+            env[node] = _input(builder, name, t)
+            constants.append((name, node.target))
         elif node.op == "call_function":
             if node.target is operator.getitem:
                 env[node] = env[node.args[0]][node.args[1]]
@@ -139,8 +143,19 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> ir.LoopGraph:
         else:
             raise NotLowered(f"fx node kind {node.op}")
     return ir.LoopGraph(
-        tuple(builder.inputs), tuple(builder.buffers), tuple(builder.nodes), outputs
+        tuple(builder.inputs),
+        tuple(builder.buffers),
+        tuple(builder.nodes),
+        outputs,
+        tuple(constants),
     )
+
+
+def _fetch_attr(gm: torch.nn.Module, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def _input(builder: GraphBuilder, name: str, t: Any) -> Any:
