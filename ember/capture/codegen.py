@@ -9,11 +9,13 @@ the return value from graph outputs, constants, sources and fresh containers, an
 from __future__ import annotations
 
 import dataclasses
+import dis
 import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from bytecode import Compare
 
 from ember.bytecode import CodeBuilder, Inst, Op
 from ember.capture.output_graph import Harvest
@@ -139,6 +141,8 @@ class BreakSite:
     locals: dict[str, Value]
     untouched_args: list[str]
     kw_names: tuple[str, ...]
+    cells: dict[str, Value]
+    """Contents of the frame's own cells (locals captured by nested functions)."""
     make_resume: Callable[[int, list[StackSlot], list[str]], str]
     """(target index, stack slots, local names) -> installed global name."""
     wrap_callee: Callable[[Any], Any]
@@ -205,8 +209,17 @@ def _slot(value: Value) -> StackSlot:
     return StackSlot(Slot.VALUE)
 
 
+def cell_temp(name: str) -> str:
+    """Where break code keeps a cell's contents (the cell's own name is not a fast local)."""
+    return f"___cell_{name}"
+
+
 def _call_resume(
-    cg: CodeBuilder, name: str, slots: list[StackSlot], local_names: list[str]
+    cg: CodeBuilder,
+    name: str,
+    slots: list[StackSlot],
+    local_names: list[str],
+    cells: dict[str, Value] | None = None,
 ) -> None:
     cg.push_null()
     cg.load_global(name)
@@ -216,7 +229,7 @@ def _call_resume(
             cg.load_fast(break_temp(i))
             count += 1
     for local in local_names:
-        cg.load_fast(local)
+        cg.load_fast(cell_temp(local) if cells and local in cells else local)
     cg.call(count + len(local_names))
     cg.return_value()
 
@@ -254,20 +267,29 @@ def build_break_replacement(
     for name, value in site.locals.items():
         em.reconstruct(value)
         cg.store_fast(name)
-    local_names = list(site.locals) + site.untouched_args
+    for name, value in site.cells.items():
+        em.reconstruct(value)
+        cg.store_fast(cell_temp(name))
+    local_names = list(site.locals) + site.untouched_args + list(site.cells)
     if inst.op in _JUMP_CONDITIONS:
         rest = slots[:-1]
         cg.load_fast(break_temp(len(stack) - 1))
         taken = cg.label()
         cg.pop_jump_if(_JUMP_CONDITIONS[inst.op], taken)
-        _call_resume(cg, site.make_resume(inst.index + 1, rest, local_names), rest, local_names)
+        _call_resume(
+            cg, site.make_resume(inst.index + 1, rest, local_names), rest, local_names, site.cells
+        )
         cg.place(taken)
-        _call_resume(cg, site.make_resume(inst.target, rest, local_names), rest, local_names)
+        _call_resume(
+            cg, site.make_resume(inst.target, rest, local_names), rest, local_names, site.cells
+        )
         return cg.to_code()
     if inst.op is Op.CALL:
-        consumed = inst.arg + 2
+        consumed, pushes = inst.arg + 2, 1
     elif inst.op is Op.CALL_FUNCTION_EX:
-        consumed = 3 + (inst.arg & 1)
+        consumed, pushes = 3 + (inst.arg & 1), 1
+    elif inst.op in _REPLAYABLE:
+        consumed, pushes = _REPLAYABLE[inst.op]
     else:
         raise Unsupported(
             BreakReason.UNSUPPORTED_OPCODE,
@@ -280,11 +302,51 @@ def build_break_replacement(
             cg.push_null()
         else:
             cg.load_fast(break_temp(i))
-    if inst.op is Op.CALL:
-        cg.call(inst.arg, site.kw_names)
-    else:
-        cg.call_ex(bool(inst.arg & 1))
-    cg.store_fast(break_temp(base))
-    rest = slots[:base] + [StackSlot(Slot.VALUE)]
-    _call_resume(cg, site.make_resume(inst.index + 1, rest, local_names), rest, local_names)
+    _emit_unsupported(cg, inst, site.kw_names)
+    rest = slots[:base]
+    if pushes:
+        cg.store_fast(break_temp(base))
+        rest = [*rest, StackSlot(Slot.VALUE)]
+    _call_resume(
+        cg, site.make_resume(inst.index + 1, rest, local_names), rest, local_names, site.cells
+    )
     return cg.to_code()
+
+
+_REPLAYABLE = {
+    Op.BINARY_SUBSCR: (2, 1),
+    Op.BINARY_OP: (2, 1),
+    Op.COMPARE_OP: (2, 1),
+    Op.IS_OP: (2, 1),
+    Op.CONTAINS_OP: (2, 1),
+    Op.UNARY_NEGATIVE: (1, 1),
+    Op.UNARY_INVERT: (1, 1),
+    Op.UNARY_NOT: (1, 1),
+    Op.LOAD_ATTR: (1, 1),
+    Op.STORE_ATTR: (2, 0),
+    Op.DELETE_ATTR: (1, 0),
+    Op.STORE_SUBSCR: (3, 0),
+    Op.DELETE_SUBSCR: (2, 0),
+}
+"""Instructions other than calls that break code can run in CPython as they are:
+(operands popped, results pushed). `x[mask]`, `t.grad`, `del obj.attr` break here."""
+
+
+def _emit_unsupported(cg: CodeBuilder, inst: Inst, kw_names: tuple[str, ...]) -> None:
+    """The instruction that broke the capture, for CPython to run on the rebuilt stack."""
+    if inst.op is Op.CALL:
+        cg.call(inst.arg, kw_names)
+    elif inst.op is Op.CALL_FUNCTION_EX:
+        cg.call_ex(bool(inst.arg & 1))
+    elif inst.op is Op.COMPARE_OP:
+        cg.emit("COMPARE_OP", Compare(dis.cmp_op.index(inst.argval)))
+    elif inst.op in (Op.BINARY_OP, Op.IS_OP, Op.CONTAINS_OP):
+        cg.emit(inst.opname, inst.arg)
+    elif inst.op is Op.LOAD_ATTR:
+        cg.load_attr(inst.argval)
+    elif inst.op is Op.STORE_ATTR:
+        cg.store_attr(inst.argval)
+    elif inst.op is Op.DELETE_ATTR:
+        cg.emit("DELETE_ATTR", inst.argval)
+    else:
+        cg.emit(inst.opname)

@@ -30,6 +30,7 @@ from ember.capture.codegen import (
 from ember.capture.guards import build_guard_function
 from ember.capture.resume import StackSlot, covered_by_handler, make_resume_function
 from ember.capture.translator import CaptureContext, root_translator
+from ember.capture.values.objects import CellValue
 from ember.errors import BackendCompilerFailed, Unsupported
 
 _counter = itertools.count()
@@ -68,7 +69,8 @@ def capture_call(
         brk = tracer.graph_break
         if brk is not None:
             _check_resumable(fn, tracer)
-            live = [*tracer.stack, *tracer.locals.values()]
+            cells = _live_cells(fn, tracer)
+            live = [*tracer.stack, *tracer.locals.values(), *cells.values()]
         else:
             live = [result]
         outputs = live_tensors([*live, *ctx.effects.pending_values()])
@@ -97,6 +99,7 @@ def capture_call(
             live_locals,
             untouched,
             tracer.kw_names,
+            cells,
             functools.partial(_install_resume, fn, tracer, wrap),
             wrap,
         )
@@ -122,6 +125,17 @@ def capture_call(
     for listener in _listeners:
         listener(entry)
     return entry
+
+
+def _live_cells(fn: types.FunctionType, tracer: Any) -> dict[str, Any]:
+    """The contents of the frame's own cells at a break; they travel to the resume function
+    like locals (its copied MAKE_CELL instructions make new cells of them)."""
+    cells = {}
+    for name in fn.__code__.co_cellvars:
+        cell = tracer.cells.get(name)
+        if isinstance(cell, CellValue) and cell.contents is not None:
+            cells[name] = cell.contents
+    return cells
 
 
 def _check_resumable(fn: types.FunctionType, tracer: Any) -> None:

@@ -18,7 +18,6 @@ import types
 from bytecode import Bytecode, Instr, Label
 
 from ember.bytecode import PY312, Inst
-from ember.errors import BreakReason, Unsupported
 
 
 class Slot(enum.Enum):
@@ -51,6 +50,27 @@ def stack_param(i: int) -> str:
     return f"___stack_{i}"
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Origin:
+    """Where a resume function's body comes from: instruction ordinal k of the resume code is
+    ordinal k + shift of `code`, the user's original code (for k past the prologue)."""
+
+    code: types.CodeType
+    shift: int
+    prologue: int
+
+
+_origins: dict[types.CodeType, _Origin] = {}
+_made: dict[tuple, types.FunctionType] = {}
+"""Resume functions by (original code, ordinal, slots, locals, closure): a break that happens
+again at the same place, in a loop or in a resume function, continues in the same function,
+so its cache entries are reused instead of nesting new code objects without end."""
+
+
+def _ordinal(insts: list[Inst], target: int) -> int:
+    return sum(1 for i in insts[:target] if i.opname != "EXTENDED_ARG")
+
+
 def make_resume_function(
     fn: types.FunctionType,
     target: int,
@@ -58,15 +78,31 @@ def make_resume_function(
     local_names: list[str],
     insts: list[Inst],
 ) -> types.FunctionType:
-    """A function that continues `fn` at instruction index `target`."""
+    """A function that continues `fn` at instruction index `target` (of `insts`)."""
     code = fn.__code__
-    if code.co_cellvars:
-        raise Unsupported(
-            BreakReason.UNSUPPORTED_OPCODE,
-            "graph break in a function whose locals are captured by closures",
-            hint="the whole function runs eagerly; move the unsupported call out of it",
-        )
-    ordinal = sum(1 for i in insts[:target] if i.opname != "EXTENDED_ARG")
+    ordinal = _ordinal(insts, target)
+    origin = _origins.get(code)
+    if origin is not None and ordinal >= origin.prologue:
+        code, ordinal = origin.code, ordinal + origin.shift
+    cells = tuple(map(id, fn.__closure__ or ()))  # the made function keeps them alive
+    key = (code, ordinal, tuple(slots), tuple(local_names), cells, id(fn.__globals__))
+    made = _made.get(key)
+    if made is None:
+        made = _made[key] = _build(fn, code, ordinal, slots, local_names, insts[target].offset)
+    return made
+
+
+def _build(
+    fn: types.FunctionType,
+    code: types.CodeType,
+    ordinal: int,
+    slots: list[StackSlot],
+    local_names: list[str],
+    offset: int,
+) -> types.FunctionType:
+    """Copy `code`, with a prologue that pushes the stack slots back and jumps to the
+    instruction of the given ordinal. Cell variables stay cells: live ones arrive as
+    parameters, which the copied MAKE_CELL instructions turn into fresh cells."""
     original = Bytecode.from_code(code)
     entries = list(original)
     body_start = next(
@@ -82,6 +118,7 @@ def make_resume_function(
             seen += 1
     stack_names = [stack_param(i) for i, slot in enumerate(slots) if slot.kind is not Slot.NULL]
     prologue = [e for e in entries[:body_start] if isinstance(e, Instr)]
+    copied_head = len(prologue)
     for i, slot in enumerate(slots):
         if slot.kind is Slot.NULL:
             prologue.append(Instr("PUSH_NULL"))
@@ -93,16 +130,17 @@ def make_resume_function(
             prologue.append(Instr("LOAD_ATTR", (False, slot.attr) if PY312 else slot.attr))
     prologue.append(Instr("JUMP_FORWARD", label))
     resume = Bytecode(prologue + entries[body_start:])
-    resume.name = f"__resume_{code.co_name}_at_{insts[target].offset}"
+    resume.name = f"__resume_{code.co_name}_at_{offset}"
     resume.qualname = resume.name
     resume.filename = code.co_filename
     resume.first_lineno = code.co_firstlineno
     resume.freevars = list(code.co_freevars)
-    resume.cellvars = []
+    resume.cellvars = list(code.co_cellvars)
     resume.flags = code.co_flags & ~(inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
     resume.argcount = len(stack_names) + len(local_names)
     resume.posonlyargcount = 0
     resume.kwonlyargcount = 0
     resume.argnames = stack_names + list(local_names)
     new_code = resume.to_code()
+    _origins[new_code] = _Origin(code, copied_head - len(prologue), len(prologue))
     return types.FunctionType(new_code, fn.__globals__, new_code.co_name, None, fn.__closure__)

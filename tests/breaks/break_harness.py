@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 import ember
-from ember.capture import frame
+from ember.capture import cache, frame
 from ember.capture.cache import CacheEntry
 from ember.testing import CompileCounter, assert_same
 
@@ -34,6 +34,8 @@ class Case:
     state: Callable[[], Any] | None = None
     reset: Callable[[], None] | None = None
     compare_args: bool = True
+    eager: int = 0
+    """How many code objects end up running eagerly (a break ember cannot resume)."""
 
     @property
     def id(self) -> str:
@@ -52,6 +54,10 @@ class Record:
     @property
     def breaks(self) -> int:
         return sum(e.graph_break is not None for e in self.entries)
+
+    @property
+    def eager(self) -> int:
+        return sum(c.eager_reason is not None for c in cache._caches.values())
 
 
 def _run(fn: Callable[..., Any], case: Case) -> tuple[Any, tuple, Any, str, bool]:
@@ -99,6 +105,9 @@ def check_counts(case: Case, record: Record) -> None:
     )
     assert record.breaks == case.breaks, (
         f"{case.id}: expected {case.breaks} break(s), saw {record.breaks}"
+    )
+    assert record.eager == case.eager, (
+        f"{case.id}: expected {case.eager} eager frame(s), saw {record.eager}"
     )
 
 
