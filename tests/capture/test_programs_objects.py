@@ -316,3 +316,81 @@ def test_list_rotated_in_place():
         return xs[0] * 2
 
     check_against_eager(f, [x4(), x4(), x4()], frames=1)
+
+
+class Scope:
+    """A context manager written in Python: both methods are inlined."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def __enter__(self):
+        self.log.append("enter")
+        return self
+
+    def __exit__(self, *exc):
+        self.log.append("exit")
+        return False
+
+
+@dataclasses.dataclass
+class WithFactory:
+    x: torch.Tensor
+    items: list = dataclasses.field(default_factory=list)
+
+
+class Outer:
+    def __init__(self, inner, items):
+        self.inner = inner
+        self.items = items
+
+
+class MyLinear(torch.nn.Linear):
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+MY_LINEAR = MyLinear(4, 4)
+
+
+def p_user_context_managers(x, log):
+    import contextlib
+
+    with contextlib.nullcontext():
+        y = x + 1
+    with Scope(log) as scope:
+        y = y * len(scope.log)
+    return y
+
+
+def p_namedtuple_replace_asdict(x):
+    p = Pair(x, 1)
+    return p._replace(b=x * 2), p._asdict()
+
+
+def p_dataclass_default_factory(x):
+    d = WithFactory(x)
+    d.items.append(x * 2)
+    return d
+
+
+def p_nested_objects_out(x):
+    return Outer(Vec(x * 2), [x, 3, Pair(x, x)])
+
+
+def p_super_forward_of_torch_module(x):
+    return MY_LINEAR(x)
+
+
+MORE = [
+    (p_user_context_managers, [x4, list]),
+    (p_namedtuple_replace_asdict, [x4]),
+    (p_dataclass_default_factory, [x4]),
+    (p_nested_objects_out, [x4]),
+    (p_super_forward_of_torch_module, [x4]),
+]
+
+
+@pytest.mark.parametrize(("fn", "makers"), MORE, ids=[_name(c[0]) for c in MORE])
+def test_more_programs(fn, makers):
+    check_against_eager(fn, *[make() for make in makers], frames=1)

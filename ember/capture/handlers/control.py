@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import types
+
 from ember.bytecode import Op
 from ember.capture.handlers import handler
 from ember.capture.values.base import ConstantValue, Value
 from ember.capture.values.containers import IteratorValue
-from ember.capture.values.objects import GradModeValue
+from ember.capture.values.objects import GradModeValue, UserObjectValue
 from ember.errors import BreakReason, Unsupported
 
 
@@ -94,23 +96,39 @@ def return_const(tx, inst):
 class ExitValue(Value):
     """The bound __exit__ that BEFORE_WITH leaves on the stack."""
 
-    def __init__(self, manager: GradModeValue) -> None:
+    def __init__(self, manager: Value, user_exit: Value | None = None) -> None:
         self.manager = manager
+        self.user_exit = user_exit
 
     def call(self, tx, args, kwargs) -> Value:
+        if self.user_exit is not None:  # normal exit: __exit__(None, None, None), inlined
+            return self.user_exit.call(tx, args, kwargs)
         return self.manager.exit(tx)
 
 
 @handler(Op.BEFORE_WITH)
 def before_with(tx, inst):
     manager = tx.pop()
-    if not isinstance(manager, GradModeValue):
-        raise Unsupported(
-            BreakReason.UNSUPPORTED_CALL,
-            f"`with` on {manager.describe()} (only grad-mode context managers are captured)",
-        )
-    tx.push(ExitValue(manager))
-    tx.push(manager.enter(tx))
+    if isinstance(manager, GradModeValue):
+        tx.push(ExitValue(manager))
+        tx.push(manager.enter(tx))
+        return
+    if isinstance(manager, UserObjectValue) and all(
+        isinstance(getattr(manager.cls, name, None), types.FunctionType)
+        for name in ("__enter__", "__exit__")
+    ):
+        # A context manager written in Python (contextlib.nullcontext, a user's timer-free
+        # scope): both methods are inlined, so their effects land in the graph or ledger.
+        exit_method = manager.getattr(tx, "__exit__")
+        entered = manager.getattr(tx, "__enter__").call(tx, [], {})
+        tx.push(ExitValue(manager, exit_method))
+        tx.push(entered)
+        return
+    raise Unsupported(
+        BreakReason.UNSUPPORTED_CALL,
+        f"`with` on {manager.describe()} (grad-mode context managers and ones written in "
+        "Python are captured)",
+    )
 
 
 @handler(Op.LOAD_ASSERTION_ERROR)

@@ -105,6 +105,19 @@ class TupleValue(SequenceValue):
             return self.items[fields.index(name)]
         return super().getattr(tx, name)
 
+    def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
+        fields = getattr(self.struct_type, "_fields", None)
+        if fields and name == "_replace":
+            values = dict(zip(fields, self.items))
+            unknown = set(kwargs) - set(fields)
+            if unknown:
+                raise Unsupported(BreakReason.EXCEPTION_RAISED, f"unexpected fields {unknown}")
+            values.update(kwargs)
+            return TupleValue([values[f] for f in fields], struct_type=self.struct_type)
+        if fields and name == "_asdict":
+            return DictValue(dict(zip(fields, self.items)))
+        return super().call_method(tx, name, args, kwargs)
+
     def reconstruct(self, em: Emitter) -> None:
         if self.source is not None:
             return super().reconstruct(em)
