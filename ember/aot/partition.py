@@ -70,6 +70,28 @@ def _nbytes(node: fx.Node) -> float:
     return math.inf  # tuples are never saved whole: their items are
 
 
+def _is_view_call(node: object) -> bool:
+    t = getattr(node, "target", None)
+    return isinstance(t, torch._ops.OpOverload) and is_view_op(t)
+
+
+def _storage_root(node: fx.Node) -> fx.Node:
+    """The node whose storage a view (chain) keeps alive."""
+    while node.op == "call_function":
+        if node.target is operator.getitem and _is_view_call(node.args[0]):
+            node = node.args[0].args[0]  # type: ignore[union-attr,assignment]
+        elif _is_view_call(node):
+            node = node.args[0]  # type: ignore[assignment]
+        else:
+            return node
+    return node
+
+
+def storage_bytes(nodes: Iterable[fx.Node]) -> int:
+    """Bytes kept alive by saving these values: views count their base, each base once."""
+    return int(sum(_nbytes(r) for r in {_storage_root(n) for n in nodes}))
+
+
 def _is_random(node: fx.Node) -> bool:
     t = node.target
     return isinstance(t, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in t.tags
@@ -141,7 +163,9 @@ class _Analysis:
             n for n in self.graph.nodes if n in self.bw_required and n not in self.tangent_dep
         ]
         for n in candidates:
-            g.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=_nbytes(n))
+            # saving a view keeps its whole base alive
+            cost = _nbytes(_storage_root(n)) if n.op == "call_function" else _nbytes(n)
+            g.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=cost)
             must_run_forward = n.op == "placeholder" or _is_random(n)
             if not recomputable(n) and (n in self.fw_required or n.op != "call_function"):
                 must_run_forward = True
@@ -242,14 +266,16 @@ def partition(
         forward=forward,
         backward=backward,
         saved=[n.name for n in saved],
-        saved_bytes=int(sum(_nbytes(n) for n in saved)),
-        naive_saved_bytes=int(sum(_nbytes(n) for n in naive)),
+        saved_bytes=storage_bytes(saved),
+        naive_saved_bytes=storage_bytes(naive),
     )
     logs.log(
         "aot",
-        "partition: saved %d values, %d bytes (naive: %d values, %d bytes)%s",
+        "partition: saved %d values, %d bytes, %d of them graph inputs "
+        "(naive: %d values, %d bytes)%s",
         len(saved),
         result.saved_bytes,
+        storage_bytes(n for n in saved if _storage_root(n).op == "placeholder"),
         len(naive),
         result.naive_saved_bytes,
         "" if recompute else " [recompute off]",
