@@ -226,6 +226,8 @@ def build_guard_function(guards: GuardSet, fn: types.FunctionType) -> GuardFunct
             if cond not in conditions:
                 conditions.append(cond)
     conditions.extend(_no_aliasing(guards, scope))
+    # Factory calls without a dtype (torch.zeros(n)) were traced under this default.
+    conditions.append(f"___torch.get_default_dtype() is {scope.const(torch.get_default_dtype())}")
     names = dict(scope.names)
     names.update(___G=fn.__globals__, ___closure=fn.__closure__, ___torch=torch)
     names["___hooks"] = torch.nn.modules.module

@@ -420,3 +420,21 @@ def test_class_getattr_fallback_is_inlined():
         x = torch.randn(4)
         run_both(f, compiled, x, Config())
     assert counter.frame_count == 1
+
+
+def test_recompile_on_default_dtype():
+    def f(x):
+        scale = 2 if torch.get_default_dtype() is torch.float64 else 3
+        return x * scale + torch.zeros(4)
+
+    compiled, counter = compiled_with_counter(f)
+    x = torch.randn(4, dtype=torch.float32)
+    run_both(f, compiled, x)
+    saved = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(torch.float64)
+        run_both(f, compiled, x)
+    finally:
+        torch.set_default_dtype(saved)
+    run_both(f, compiled, x)
+    assert counter.frame_count == 2

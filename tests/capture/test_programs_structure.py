@@ -694,3 +694,76 @@ def test_sets_of_objects_by_identity():
         return len(seen), out, y in seen, {1, 2} | {3}
 
     check_against_eager(f, x4(), x4(), frames=1)
+
+
+def q_late_binding_lambdas(x):
+    fns = [lambda v: v * i for i in range(3)]
+    return [f(x) for f in fns]
+
+
+def q_chained_assignment_walrus(x):
+    a = b = x * 2
+    (y,) = (a,)
+    if (n := x.shape[0]) > 2:
+        y = y + n
+    return y, b
+
+
+def q_star_literals(x):
+    a = [x, x + 1]
+    b = (x * 2,)
+    s = {*range(3), 5}
+    return [*a, *b], (*a, x), {**{"p": x}, **{"q": 2}}, s, torch.stack([*a])
+
+
+def q_star_call_of_nested(x):
+    def g(*args):
+        return len(args)
+
+    return x * g(*[1, 2], *(3,))
+
+
+def q_del_and_augmented_item(x, xs):
+    del xs[0]
+    xs[0] += 1
+    return x
+
+
+def q_generator_in_loop(x):
+    out = 0
+    for i in range(3):
+        out = out + sum(x * j for j in range(i))
+    return out
+
+
+def q_nested_comprehension_closure(x):
+    k = 2
+    return [[x * k * i * j for j in range(2)] for i in range(2)]
+
+
+def q_while_true_break(x):
+    i = 0
+    while True:
+        i += 1
+        if i > 3:
+            break
+    return x * i
+
+
+OPCODE_CASES = [
+    (q_late_binding_lambdas, [x4]),
+    (q_chained_assignment_walrus, [x4]),
+    (q_star_literals, [x4]),
+    (q_star_call_of_nested, [x4]),
+    (q_del_and_augmented_item, [x4, lambda: [x4(), x4()]]),
+    (q_generator_in_loop, [x4]),
+    (q_nested_comprehension_closure, [x4]),
+    (q_while_true_break, [x4]),
+]
+
+
+@pytest.mark.parametrize(
+    ("fn", "makers"), OPCODE_CASES, ids=[c[0].__name__.removeprefix("q_") for c in OPCODE_CASES]
+)
+def test_opcode_program(fn, makers):
+    check_against_eager(fn, *[make() for make in makers], frames=1)
