@@ -697,7 +697,7 @@ def test_sets_of_objects_by_identity():
 
 
 def q_late_binding_lambdas(x):
-    fns = [lambda v: v * i for i in range(3)]
+    fns = [lambda v: v * i for i in range(3)]  # noqa: B023  (late binding is the point)
     return [f(x) for f in fns]
 
 
