@@ -51,6 +51,11 @@ class UserFunctionValue(Value):
 
     def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
         fn = self.fn
+        if getattr(fn, "_ember_disabled", False):
+            raise Unsupported(
+                BreakReason.UNSUPPORTED_CALL,
+                f"{self.describe()} is marked ember.disable: it runs in Python",
+            )
         defaults = tuple(tx.ctx.builder.wrap_const(d) for d in (fn.__defaults__ or ()))
         kwdefaults = {k: tx.ctx.builder.wrap_const(v) for k, v in (fn.__kwdefaults__ or {}).items()}
         closure = [
