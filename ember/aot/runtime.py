@@ -59,6 +59,18 @@ def _contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
+def _as_traced(saved: Sequence[torch.Tensor], strides: list[tuple[int, ...]]) -> list:
+    """Saved values with the strides the backward was compiled for: a backend may lay out
+    the forward's outputs differently from eager, and a backward that bakes strides in must
+    not read them wrongly."""
+    out = list(saved)
+    for i, (t, stride) in enumerate(zip(out, strides, strict=True)):
+        if t.stride() != stride:
+            fixed = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device)
+            out[i] = fixed.copy_(t)
+    return out
+
+
 class _CompiledFunction(torch.autograd.Function):
     """One compiled region as one autograd node: compiled forward, compiled backward."""
 
@@ -89,7 +101,7 @@ class _CompiledFunction(torch.autograd.Function):
             if g is None:
                 g = torch.zeros(spec[0], dtype=spec[1], device=spec[2])
             tangents.append(_contiguous(g))
-        args = [*ctx.saved_tensors, *tangents]
+        args = [*_as_traced(ctx.saved_tensors, runtime.saved_strides), *tangents]
         del tangents, grad_outs
         ctx.maybe_clear_saved_tensors()  # frees them unless retain_graph=True
         grads = call_compiled(runtime.bwd, args)
@@ -116,6 +128,9 @@ class TrainingRuntime:
         self.tangent_specs = [
             (out_vals[k].shape, out_vals[k].dtype, out_vals[k].device) for k in self.diff_outputs
         ]
+        n_saved = len(parts.saved)
+        backward_inputs = list(parts.backward.graph.find_nodes(op="placeholder"))[:n_saved]
+        self.saved_strides = [n.meta["val"].stride() for n in backward_inputs]
 
     def __call__(self, args: Sequence[Any]) -> Any:
         flat = self.program.flat_inputs(args)

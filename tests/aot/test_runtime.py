@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import pytest
@@ -206,3 +207,31 @@ def test_backward_order_releases_activation_grads_early():
     view = next(n for n in gb.users if n.target is torch.ops.aten.t.default)
     (weight_mm,) = list(view.users)
     assert nodes.index(reduce) < nodes.index(weight_mm)
+
+
+def test_saved_values_reach_backward_with_traced_strides():
+    """A backend may lay out the forward's outputs its own way; the backward still gets the
+    strides it was compiled for (a stride-baking backend would misread them otherwise)."""
+    from ember.aot import aot_compile, eager_compile_aten
+
+    def column_major(t):
+        return t.t().contiguous().t() if t.dim() == 2 else t
+
+    def compile_aten(gm, example_inputs):
+        runner = eager_compile_aten(gm, example_inputs)
+        strides = [t.stride() for t in example_inputs]
+
+        def run(*args):
+            assert [a.stride() for a in args] == strides
+            return [column_major(o) for o in runner(*args)]
+
+        return run
+
+    mlp = GeluMLP()
+    ref = copy.deepcopy(mlp)
+    x = torch.randn(16, 32)
+    fn = aot_compile(fx.symbolic_trace(mlp), [x], compile_aten)
+    fn(x)[0].square().sum().backward()
+    ref(x)[0].square().sum().backward()
+    for p, q in zip(ref.parameters(), mlp.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad)
