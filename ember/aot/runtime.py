@@ -32,7 +32,8 @@ def call_compiled(fn: Compiled, args: list[Any]) -> Sequence[Any]:
 
 
 class InferenceRuntime:
-    """Calls one compiled functional graph; no autograd involved."""
+    """Calls one compiled functional graph; no autograd involved (views of inputs, replayed
+    outside the graph, still carry autograd like eager's)."""
 
     def __init__(self, program: Program, compiled: Compiled) -> None:
         self.program = program
@@ -46,11 +47,15 @@ class InferenceRuntime:
         )
 
     def __call__(self, args: Sequence[Any]) -> Any:
+        # no_grad: this runtime also serves graphs whose outputs need no gradient although
+        # some inputs require grad; a backend running torch ops must not record autograd
         if self.simple:
-            return tuple(call_compiled(self.compiled, list(args)))
+            with torch.no_grad():
+                return tuple(call_compiled(self.compiled, list(args)))
         flat = self.program.flat_inputs(args)
         check_input_aliasing(flat, self.program.mutated)
-        outs = call_compiled(self.compiled, list(flat))
+        with torch.no_grad():
+            outs = call_compiled(self.compiled, list(flat))
         apply_mutations(self.program, flat, outs)
         return build_outputs(self.program, flat, outs)
 

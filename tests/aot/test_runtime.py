@@ -235,3 +235,16 @@ def test_saved_values_reach_backward_with_traced_strides():
     ref(x)[0].square().sum().backward()
     for p, q in zip(ref.parameters(), mlp.parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad)
+
+
+def test_outputs_needing_no_grad_with_grad_inputs():
+    def f(x, w):
+        return (x @ w).argmax(-1), x.t()
+
+    x = torch.randn(3, 4, requires_grad=True)
+    w = torch.randn(4, 2, requires_grad=True)
+    idx, xt = _compile(f, x, w)(x, w)
+    assert not idx.requires_grad
+    torch.testing.assert_close(idx, (x @ w).argmax(-1))
+    xt.sum().backward()  # the input view still carries autograd, as in eager
+    torch.testing.assert_close(x.grad, torch.ones(3, 4))
