@@ -63,8 +63,13 @@ class OutputGraph:
             ctx = self.graph.inserting_before(first)
         else:
             ctx = self.graph.inserting_after(self._last_placeholder)
+        name = source.graph_name()
+        taken = {n.target for n in self.graph.nodes if n.op == "placeholder"}
+        suffix = 1
+        while name in taken:  # two sources may print alike (same-named closures)
+            name, suffix = f"{source.graph_name()}{suffix}_", suffix + 1
         with ctx:
-            node = self.graph.placeholder(source.graph_name())
+            node = self.graph.placeholder(name)
         self._last_placeholder = node
         fake = to_meta(real)
         node.meta["example_value"] = fake

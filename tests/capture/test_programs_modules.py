@@ -6,19 +6,22 @@ hand-written transformer block, compiled as modules and called from compiled fun
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import ember
 from ember.testing import CompileCounter, assert_same, check_against_eager
 
 
-def check_module(mod: nn.Module, *args, frames: int = 1, grads: bool = False):
-    """Compiled module against eager on the same inputs, twice; optionally gradients."""
+def check_module(mod: nn.Module, *args, frames: int = 1, grads: bool = False, ref=None):
+    """Compiled module against eager on the same inputs, twice; optionally gradients.
+    `ref` is an identical module for eager (a deep copy by default)."""
     counter = CompileCounter()
-    ref = copy.deepcopy(mod)
+    ref = copy.deepcopy(mod) if ref is None else ref
     compiled = ember.compile(mod, backend=counter, fullgraph=True)
     for _ in range(2):
         expected = ref(*args)
@@ -288,3 +291,103 @@ def test_training_mode_batchnorm_updates_running_stats():
     assert_same(mod.running_mean, ref.running_mean)
     assert_same(mod.running_var, ref.running_var)
     assert_same(mod.num_batches_tracked, ref.num_batches_tracked)
+
+
+class GPTConfig:
+    def __init__(self):
+        self.vocab = 32
+        self.block_size = 8
+        self.n_embd = 16
+        self.n_head = 2
+        self.dropout = 0.0
+        self.bias = True
+
+
+class CausalSelfAttention(nn.Module):
+    """GPT-2 style: fused qkv, a registered causal-mask buffer sliced to the sequence."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.n_head = config.n_head
+        self.n_embd = config.n_embd
+        self.dropout = config.dropout
+        size = config.block_size
+        self.register_buffer("bias", torch.tril(torch.ones(size, size)).view(1, 1, size, size))
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        att = F.dropout(att, p=self.dropout, training=self.training)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        return self.c_proj(y)
+
+
+class GPTBlock(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd)
+        self.mlp = nn.ModuleDict(
+            dict(
+                c_fc=nn.Linear(config.n_embd, 4 * config.n_embd),
+                c_proj=nn.Linear(4 * config.n_embd, config.n_embd),
+                act=nn.GELU(approximate="tanh"),
+            )
+        )
+        m = self.mlp
+        self.mlpf = lambda x: m.c_proj(m.act(m.c_fc(x)))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlpf(self.ln_2(x))
+
+
+class MiniGPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab, config.n_embd),
+                wpe=nn.Embedding(config.block_size, config.n_embd),
+                h=nn.ModuleList([GPTBlock(config) for _ in range(2)]),
+                ln_f=nn.LayerNorm(config.n_embd),
+            )
+        )
+        self.lm_head = nn.Linear(config.n_embd, config.vocab, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # weight tying
+
+    def forward(self, idx, targets=None):
+        b, t = idx.size()
+        assert t <= self.config.block_size, f"sequence of {t} is too long"
+        pos = torch.arange(0, t, dtype=torch.long, device=idx.device)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        for block in self.transformer.h:
+            x = block(x)
+        x = self.transformer.ln_f(x)
+        if targets is not None:
+            logits = self.lm_head(x)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+            return logits, loss
+        return self.lm_head(x[:, [-1], :]), None
+
+
+def _mini_gpt():
+    torch.manual_seed(0)  # the lambda closes over a submodule: built twice, not deep-copied
+    return MiniGPT(GPTConfig()).eval()
+
+
+def test_mini_gpt_with_tied_weights_and_loss():
+    idx = torch.randint(0, 32, (2, 8))
+    targets = torch.randint(0, 32, (2, 8))
+    check_module(_mini_gpt(), idx, ref=_mini_gpt())
+    check_module(_mini_gpt(), idx, targets, frames=1, grads=True, ref=_mini_gpt())

@@ -189,3 +189,25 @@ def test_tensor_default_arguments():
         return inner(x) + b
 
     check_against_eager(f, x4(), frames=1)
+
+
+def _factory(w):
+    def g(x):
+        return x * w
+
+    return g
+
+
+G1 = _factory(torch.randn(4))
+G2 = _factory(torch.randn(4))
+
+
+def _takes_defaults(x, a=G1, b=G2):
+    return a(x) + b(x)
+
+
+def test_same_named_sources_get_distinct_placeholders():
+    def f(x):
+        return _takes_defaults(x)
+
+    check_against_eager(f, x4(), frames=1)

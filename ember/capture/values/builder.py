@@ -136,6 +136,8 @@ class ValueBuilder:
         special = self._special(value)
         if special is not None:
             guards.add(GuardKind.ID_MATCH, source, value)
+            if special.source is None:  # closures and reloads of it are reached through it
+                special.source = source
             return special
         if isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType):
             from ember.capture.sources import AttrSource
