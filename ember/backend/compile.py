@@ -70,10 +70,12 @@ def generate(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Artifact:
         sources.append(src)
     cacheable = True
     py = wrapper.wrapper_source(s, params, plan)
-    ir_text = printer.graph_str(g) + "\n\nschedule:\n" + schedule_str(s)
+    ir_text = ""
+    if _recorders or logs.enabled("schedule"):  # printing sympy indices is not free
+        ir_text = printer.graph_str(g) + "\n\nschedule:\n" + schedule_str(s)
     kernels = {name: len(p) for name, p in params.items()}
     consts = dict(g.constants)
-    return Artifact("\n\n".join(sources), py, kernels, consts, cacheable, ir_text)
+    return Artifact(build.SPLIT.join(sources), py, kernels, consts, cacheable, ir_text)
 
 
 def _load(art: Artifact, gm: torch.fx.GraphModule) -> Callable[..., Any]:

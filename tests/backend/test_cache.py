@@ -46,9 +46,9 @@ def _result(p) -> dict:
 
 def test_fresh_processes_share_the_cache(tmp_path):
     # two cold processes at once: concurrent writers must not corrupt each other
-    first = [_run(tmp_path), _run(tmp_path)]
-    for p in first:
-        assert _result(p).get("generated") == 1
+    first = [_result(p) for p in [_run(tmp_path), _run(tmp_path)]]
+    assert all(r.get("generated", 0) + r.get("graph_cache_hits", 0) == 1 for r in first)
+    assert any(r.get("generated") == 1 for r in first)
     sos = sorted(tmp_path.rglob("*.so"))
     stamp = [so.stat().st_mtime_ns for so in sos]
     warm = _result(_run(tmp_path))

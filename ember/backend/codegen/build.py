@@ -76,6 +76,55 @@ def _valid(so: Path, sha_file: Path) -> bool:
         return False
 
 
+SPLIT = "\n// ember: translation unit boundary\n"
+
+
+def _groups(units: list[str], n: int) -> list[list[str]]:
+    """Kernels dealt into n groups of similar total size (largest first)."""
+    groups: list[list[str]] = [[] for _ in range(n)]
+    sizes = [0] * n
+    for u in sorted(units, key=len, reverse=True):
+        i = sizes.index(min(sizes))
+        groups[i].append(u)
+        sizes[i] += len(u)
+    return groups
+
+
+def _compile(source: str, out: Path, workdir: Path) -> None:
+    """g++ the module; with several kernels, as parallel translation units then one link."""
+    prelude, *units = source.split(SPLIT)
+    n = min(len(units), os.cpu_count() or 1, 4)
+    if n <= 1:
+        cpp = workdir / "module.cpp"
+        cpp.write_text(source)
+        _run([CXX, *FLAGS, str(cpp), "-o", str(out)])
+        return
+    objs, procs = [], []
+    flags = [f for f in FLAGS if f != "-shared"]
+    for i, group in enumerate(_groups(units, n)):
+        cpp, obj = workdir / f"part{i}.cpp", workdir / f"part{i}.o"
+        cpp.write_text(prelude + "\n" + "\n".join(group))
+        procs.append(_start([CXX, *flags, "-c", str(cpp), "-o", str(obj)]))
+        objs.append(str(obj))
+    for p in procs:
+        _finish(p)
+    _run([CXX, "-shared", "-fopenmp", *objs, "-o", str(out)])
+
+
+def _start(cmd: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(p: subprocess.Popen) -> None:
+    _, err = p.communicate()
+    if p.returncode != 0:
+        raise BuildError(f"g++ failed:\n{err[-4000:]}")
+
+
+def _run(cmd: list[str]) -> None:
+    _finish(_start(cmd))
+
+
 def build(source: str) -> Path:
     """Path of the compiled library for `source`, compiling it if no valid entry exists."""
     key = library_key(source)
@@ -84,20 +133,11 @@ def build(source: str) -> Path:
     if _valid(so, sha_file):
         return so
     so.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_src = tempfile.mkstemp(dir=so.parent, suffix=".cpp")
-    with os.fdopen(fd, "w") as f:
-        f.write(source)
-    tmp_so = tmp_src[:-4] + ".so"
-    try:
-        proc = subprocess.run([CXX, *FLAGS, tmp_src, "-o", tmp_so], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise BuildError(f"g++ failed:\n{proc.stderr[-4000:]}")
-        data = Path(tmp_so).read_bytes()
-        atomic_write(sha_file, _sha(data).encode())
+    with tempfile.TemporaryDirectory(dir=so.parent, prefix="build-") as tmp:
+        tmp_so = Path(tmp) / "module.so"
+        _compile(source, tmp_so, Path(tmp))
+        atomic_write(sha_file, _sha(tmp_so.read_bytes()).encode())
         os.replace(tmp_so, so)
-    finally:
-        Path(tmp_src).unlink(missing_ok=True)
-        Path(tmp_so).unlink(missing_ok=True)
     logs.log("kernels", "compiled %s", so)
     return so
 

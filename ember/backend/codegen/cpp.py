@@ -32,17 +32,17 @@ VALUE_T = {
 STORAGE_T = {**VALUE_T, DType.BF16: "ember_bf16"}
 
 _FLOAT_FN = {  # op -> (float spelling, double spelling)
-    U.EXP: ("ember_expf({})", "exp({})"),
-    U.LOG: ("ember_logf({})", "log({})"),
-    U.TANH: ("ember_tanhf({})", "tanh({})"),
-    U.ERF: ("ember_erff({})", "erf({})"),
-    U.SIGMOID: ("ember_sigmoidf({})", "(1.0 / (1.0 + exp(-{})))"),
+    U.EXP: ("ember_expf({})", "__builtin_exp({})"),
+    U.LOG: ("ember_logf({})", "__builtin_log({})"),
+    U.TANH: ("ember_tanhf({})", "__builtin_tanh({})"),
+    U.ERF: ("ember_erff({})", "__builtin_erf({})"),
+    U.SIGMOID: ("ember_sigmoidf({})", "(1.0 / (1.0 + __builtin_exp(-{})))"),
     U.SQRT: ("__builtin_sqrtf({})", "__builtin_sqrt({})"),
     U.RSQRT: ("(1.0f / __builtin_sqrtf({}))", "(1.0 / __builtin_sqrt({}))"),
-    U.EXPM1: ("expm1f({})", "expm1({})"),
-    U.LOG1P: ("log1pf({})", "log1p({})"),
-    U.SIN: ("sinf({})", "sin({})"),
-    U.COS: ("cosf({})", "cos({})"),
+    U.EXPM1: ("__builtin_expm1f({})", "__builtin_expm1({})"),
+    U.LOG1P: ("__builtin_log1pf({})", "__builtin_log1p({})"),
+    U.SIN: ("__builtin_sinf({})", "__builtin_sin({})"),
+    U.COS: ("__builtin_cosf({})", "__builtin_cos({})"),
     U.FLOOR: ("__builtin_floorf({})", "__builtin_floor({})"),
     U.CEIL: ("__builtin_ceilf({})", "__builtin_ceil({})"),
     U.TRUNC: ("__builtin_truncf({})", "__builtin_trunc({})"),
@@ -114,9 +114,9 @@ def _binary(op: B, a: str, b: str, src: DType) -> str:
     if op == B.MINIMUM:
         return f"ember_min({a}, {b})"
     if op == B.POW:
-        return f"powf({a}, {b})" if src != DType.F64 else f"pow({a}, {b})"
+        return f"__builtin_powf({a}, {b})" if src != DType.F64 else f"__builtin_pow({a}, {b})"
     if op == B.ATAN2:
-        return f"atan2f({a}, {b})" if src != DType.F64 else f"atan2({a}, {b})"
+        return f"__builtin_atan2f({a}, {b})" if src != DType.F64 else f"__builtin_atan2({a}, {b})"
     raise NotImplementedError(str(op))
 
 
