@@ -76,3 +76,17 @@ def test_softmax_variants_fuse_to_one_kernel():
 
 def test_softmax_over_leading_dim():
     check(lambda x: torch.softmax(x, 0), torch.randn(33, 20))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.int64])
+def test_other_dtypes(dtype):
+    x = (torch.randn(6, 10) * 10).to(dtype)
+
+    def f(x):
+        out = [x.sum(0), x.sum(1), x.amax(1), x.amin(0), (x * 2).sum()]
+        if x.is_floating_point():
+            out += [x.mean(-1), torch.softmax(x, 0), torch.nn.functional.layer_norm(x, (10,))]
+        return out
+
+    tol = {"atol": 5e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {}
+    check(f, x, **tol)
