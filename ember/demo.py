@@ -21,7 +21,6 @@ Run: `make demo`, or `python -m ember.demo [--backend NAME]`.
 from __future__ import annotations
 
 import argparse
-import importlib
 import math
 import os
 import statistics
@@ -143,7 +142,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backend", default="ember", help="ember backend name (default: ember)")
     parser.add_argument("--rounds", type=int, default=200, help="timed calls of each kind")
     parser.add_argument("--quiet", action="store_true", help="skip printing graph and guards")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (default 1: this model is too small to gain from more, and"
+        " on a busy machine spinning OpenMP workers make timings erratic)",
+    )
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
 
     torch.manual_seed(0)
     model = Transformer(DIM, HEADS, LAYERS).eval()
@@ -152,13 +159,10 @@ def main(argv: list[str] | None = None) -> None:
         expected = model(x)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {LAYERS}-layer transformer, dim {DIM}, {HEADS} heads, {n_params} parameters")
-    print(f"input: {tuple(x.shape)} float32, torch {torch.__version__}, eval mode, no_grad\n")
-
-    # ember's capture makes fake tensors, and FakeTensorMode imports torch._dynamo on first
-    # use (seconds): import it here so that the first-call time below is ember's own work.
-    start = time.perf_counter()
-    importlib.import_module("torch._dynamo")
-    dynamo_s = time.perf_counter() - start
+    print(
+        f"input: {tuple(x.shape)} float32, torch {torch.__version__}, eval mode, no_grad,"
+        f" {torch.get_num_threads()} thread(s)\n"
+    )
 
     backend = args.backend
     try:
@@ -200,8 +204,7 @@ def main(argv: list[str] | None = None) -> None:
 
     p10 = args.rounds // 10
     print("=== timing ===")
-    print(f"import torch._dynamo (FakeTensorMode needs it on first use): {dynamo_s * 1e3:7.1f} ms")
-    print(f"first call (capture + {backend!r} compile + run):             {first * 1e3:7.1f} ms")
+    print(f"first call (capture + {backend!r} compile + run): {first * 1e3:.1f} ms")
     load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
     print(f"later calls, {args.rounds} interleaved: median (fastest 10%); load average {load}")
     for name, ts in (("eager", t_eager), (f"ember, backend {backend!r}", t_compiled)):
