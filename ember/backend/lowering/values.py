@@ -114,14 +114,46 @@ class GraphBuilder:
         name = self.new_name()
         ranges = tuple(x.size[d] for d in kept)
         rranges = tuple(x.size[d] for d in red)
+        if not ranges and _numel(rranges) >= SPLIT_MIN and _numel(rranges) % SPLIT_PARTS == 0:
+            body, rranges = self._split(body, rranges, rtype, acc_dtype)
         self.nodes.append(ir.Reduction(name, ranges, rranges, rtype, body, index, dtype))
         self.buffers.append(ir.Buffer(name, layout, dtype))
         return BufferValue(out_size, dtype, name, layout)
+
+    def _split(self, body: Expr, rranges, rtype: ir.ReductionType, acc: DType):
+        """A full reduction as SPLIT_PARTS partial reductions (a parallel loop) whose results
+        a second, small reduction combines: (body over r0.. of the partials, (SPLIT_PARTS,))."""
+        n = _numel(rranges)
+        chunk = n // SPLIT_PARTS
+        x0, r0 = ir.loop_vars(1)[0], ir.loop_vars(1, "r")[0]
+        flat = x0 * chunk + r0
+        sub = dict(zip(ir.loop_vars(len(rranges), "r"), indexing.unflatten(flat, rranges)))
+        env = {x0: SPLIT_PARTS, r0: chunk}
+
+        def fix(index: sympy.Expr) -> sympy.Expr:
+            return indexing.simplify(index.xreplace(sub), env)
+
+        part_body = ir.map_loads(body, lambda ld: ir.Load(ld.buffer, fix(ld.index), ld.dtype), fix)
+        name = self.new_name()
+        self.nodes.append(ir.Reduction(name, (SPLIT_PARTS,), (chunk,), rtype, part_body, x0, acc))
+        self.buffers.append(ir.Buffer(name, Layout.contiguous((SPLIT_PARTS,)), acc))
+        return ir.Load(name, r0, acc), (SPLIT_PARTS,)
 
     def add_extern(self, call: ir.ExternCall, layouts: Sequence[Layout], dtypes) -> None:
         self.nodes.append(call)
         for name, layout, dtype in zip(call.outputs, layouts, dtypes):
             self.buffers.append(ir.Buffer(name, layout, dtype))
+
+
+SPLIT_MIN = 1 << 16  # elements of a full reduction worth splitting across threads
+SPLIT_PARTS = 64
+
+
+def _numel(sizes: Sequence[int]) -> int:
+    n = 1
+    for v in sizes:
+        n *= v
+    return n
 
 
 def iteration(
