@@ -99,10 +99,17 @@ def compile_function(fn: Callable[..., Any], opts: CompileOptions) -> Callable[.
 
     @functools.wraps(original)
     def compiled(*args: Any, **kwargs: Any) -> Any:
-        for entry in entries:
-            if entry.guard.check(*args, **kwargs):
-                return entry.fn(*args, **kwargs)
-        return _run_cached(original, opts, args, kwargs)
+        grad_mode = torch.is_grad_enabled()
+        try:
+            for entry in entries:
+                if entry.guard.check(*args, **kwargs):
+                    return entry.fn(*args, **kwargs)
+            return _run_cached(original, opts, args, kwargs)
+        except BaseException:
+            # An exception leaving a `with no_grad()` block restores the grad mode in eager;
+            # break code that ran the raising call inside such a block has no handler to.
+            torch._C._set_grad_enabled(grad_mode)
+            raise
 
     compiled._ember_original = original
     compiled._ember_options = opts

@@ -18,8 +18,9 @@ import torch
 from bytecode import Compare
 
 from ember.bytecode import CodeBuilder, Inst, Op
+from ember.capture.handlers.control import ExitValue
 from ember.capture.output_graph import Harvest
-from ember.capture.resume import Slot, StackSlot
+from ember.capture.resume import Slot, StackSlot, leave_grad_block
 from ember.capture.side_effects import SideEffects
 from ember.capture.values.base import NullValue, Value
 from ember.capture.values.containers import (
@@ -30,7 +31,7 @@ from ember.capture.values.containers import (
     TupleValue,
 )
 from ember.capture.values.functions import BoundMethodValue, MethodValue, UserFunctionValue
-from ember.capture.values.objects import ModuleValue, UserObjectValue
+from ember.capture.values.objects import GradModeValue, ModuleValue, UserObjectValue
 from ember.capture.values.tensor import TensorValue
 from ember.errors import BreakReason, Unsupported
 
@@ -147,6 +148,9 @@ class BreakSite:
     """(target index, stack slots, local names) -> installed global name."""
     wrap_callee: Callable[[Any], Any]
     """Wrap a user function so that, run in Python at the break, it is compiled by ember."""
+    grad_mode: bool | None = None
+    """The grad mode at the break, where the code before it changed it (a `with no_grad()`
+    block the break is inside): set before the unsupported instruction runs."""
 
 
 def _call_graph(cg: CodeBuilder, compiled_name: str | None, harvest: Harvest) -> None:
@@ -160,17 +164,31 @@ def _call_graph(cg: CodeBuilder, compiled_name: str | None, harvest: Harvest) ->
     cg.store_fast(GRAPH_OUT)
 
 
+def _set_grad_mode(cg: CodeBuilder, mode: bool | None) -> None:
+    """Set the grad mode the captured code left (None: unchanged). The graph may have been
+    skipped as empty, or its backend may not change global state."""
+    if mode is None:
+        return
+    cg.push_null()
+    cg.load_const(torch._C._set_grad_enabled)
+    cg.load_const(mode)
+    cg.call(1)
+    cg.pop_top()
+
+
 def build_replacement(
     template: types.CodeType,
     compiled_name: str | None,
     harvest: Harvest,
     effects: SideEffects,
     result: Value,
+    grad_mode: bool | None = None,
 ) -> types.CodeType:
     """The code object that replaces the user's function body for one cache entry."""
     cg = CodeBuilder(template)
     em = Emitter(cg, harvest.output_index)
     _call_graph(cg, compiled_name, harvest)
+    _set_grad_mode(cg, grad_mode)
     em.reconstruct(result)  # before the replay: the result may read state the replay changes
     effects.replay(em)
     cg.return_value()
@@ -188,9 +206,31 @@ def _reconstruct_callee(em: Emitter, value: Value, site: BreakSite) -> None:
         em.reconstruct(value.receiver)
         em.cg.call(2)
     elif isinstance(value, ModuleValue) and value.source is not None:
-        value.source.emit(em.cg)
+        mod = value.module
+        if type(mod).__call__ is torch.nn.Module.__call__ and not _has_hooks(mod):
+            # forward through ember, so a submodule whose forward breaks is captured too
+            em.cg.push_null()
+            em.cg.load_const(types.MethodType)
+            em.cg.load_const(site.wrap_callee(type(mod).forward))
+            value.source.emit(em.cg)
+            em.cg.call(2)
+        else:
+            value.source.emit(em.cg)
     else:
         em.reconstruct(value)
+
+
+def _has_hooks(mod: torch.nn.Module) -> bool:
+    from torch.nn.modules import module as nn_module
+
+    return bool(
+        mod._forward_hooks
+        or mod._forward_pre_hooks
+        or nn_module._global_forward_hooks
+        or nn_module._global_forward_pre_hooks
+        or mod._backward_hooks
+        or nn_module._global_backward_hooks
+    )
 
 
 def _slot(value: Value) -> StackSlot:
@@ -247,6 +287,7 @@ def build_break_replacement(
     cg = CodeBuilder(template)
     em = Emitter(cg, harvest.output_index)
     _call_graph(cg, compiled_name, harvest)
+    _set_grad_mode(cg, site.grad_mode)
     effects.replay(em)
     stack, inst = site.stack, site.inst
     slots = [_slot(v) for v in stack]
@@ -259,6 +300,8 @@ def build_break_replacement(
             em.reconstruct(TupleValue(value.items[value.position :]))
         elif kind is Slot.METHOD:
             em.reconstruct(value.receiver)
+        elif isinstance(value, ExitValue) and isinstance(value.manager, GradModeValue):
+            cg.load_const(leave_grad_block(value.manager.saved[-1]))
         elif kind is Slot.VALUE:
             em.reconstruct(value)
         else:

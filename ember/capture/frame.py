@@ -12,6 +12,7 @@ import dis
 import functools
 import io
 import itertools
+import threading
 import types
 from collections.abc import Callable
 from typing import Any
@@ -28,8 +29,14 @@ from ember.capture.codegen import (
     live_tensors,
 )
 from ember.capture.guards import build_guard_function
-from ember.capture.resume import StackSlot, covered_by_handler, make_resume_function
-from ember.capture.translator import CaptureContext, root_translator
+from ember.capture.handlers.control import ExitValue
+from ember.capture.resume import (
+    StackSlot,
+    enclosing_blocks,
+    is_grad_exit,
+    make_resume_function,
+)
+from ember.capture.translator import CaptureContext, RestartCapture, root_translator
 from ember.capture.values.objects import CellValue
 from ember.errors import BackendCompilerFailed, Unsupported
 
@@ -61,12 +68,11 @@ def capture_call(
 ) -> CacheEntry:
     """Capture `fn(*args, **kwargs)`. With `wrap` (how to compile a resume function), an
     unsupported instruction becomes a graph break; without it, Unsupported propagates."""
-    ctx = CaptureContext.new(fn)
     grad_mode = torch.is_grad_enabled()
     try:
-        tracer = root_translator(ctx, fn, args, kwargs, allow_break=wrap is not None)
-        result = tracer.run()
+        ctx, tracer, result = _translate(fn, args, kwargs, wrap is not None)
         brk = tracer.graph_break
+        mode_at_break = torch.is_grad_enabled()  # where the capture stopped or returned
         if brk is not None:
             _check_resumable(fn, tracer)
             cells = _live_cells(fn, tracer)
@@ -87,7 +93,8 @@ def capture_call(
         compiled = _call_backend(backend, graph, harvest.example_inputs)
         fn.__globals__[compiled_name] = compiled
     if brk is None:
-        code = build_replacement(fn.__code__, compiled_name, harvest, ctx.effects, result)
+        changed = mode_at_break if mode_at_break != grad_mode else None
+        code = build_replacement(fn.__code__, compiled_name, harvest, ctx.effects, result, changed)
     else:
         logs.log("graph_breaks", "graph break in %s: %s", fn.__qualname__, brk.reason)
         # a resume function's own stack parameters are dead once its prologue has run
@@ -102,6 +109,7 @@ def capture_call(
             cells,
             functools.partial(_install_resume, fn, tracer, wrap),
             wrap,
+            mode_at_break if mode_at_break != grad_mode else None,
         )
         code = build_break_replacement(fn.__code__, compiled_name, harvest, ctx.effects, site)
     guard = build_guard_function(ctx.guards, fn)
@@ -127,6 +135,21 @@ def capture_call(
     return entry
 
 
+def _translate(fn: types.FunctionType, args: tuple, kwargs: dict, allow_break: bool) -> tuple:
+    """Run the root translator; once more, stopping earlier, if it asks for a restart."""
+    grad_mode = torch.is_grad_enabled()
+    stop_before = None
+    for _ in range(2):
+        ctx = CaptureContext.new(fn)
+        tracer = root_translator(ctx, fn, args, kwargs, allow_break, stop_before)
+        try:
+            return ctx, tracer, tracer.run()
+        except RestartCapture as restart:
+            torch._C._set_grad_enabled(grad_mode)
+            stop_before = (restart.steps, restart.reason)
+    raise AssertionError("a restarted capture asked to restart again")
+
+
 def _live_cells(fn: types.FunctionType, tracer: Any) -> dict[str, Any]:
     """The contents of the frame's own cells at a break; they travel to the resume function
     like locals (its copied MAKE_CELL instructions make new cells of them)."""
@@ -139,12 +162,20 @@ def _live_cells(fn: types.FunctionType, tracer: Any) -> dict[str, Any]:
 
 
 def _check_resumable(fn: types.FunctionType, tracer: Any) -> None:
-    """A break inside a try/with block cannot resume (the handler would be lost)."""
-    if covered_by_handler(fn.__code__, tracer.graph_break.inst):
+    """A break inside a try block, or a `with` block other than a grad-mode one, cannot
+    resume (the handler would be lost, or the context could not be entered again). Inside
+    grad-mode blocks it can: the resume function's copy of the code keeps the block's handler,
+    and its stack holds an `__exit__` that restores the outer mode."""
+    blocks = enclosing_blocks(fn.__code__, tracer.graph_break.inst)
+    exits = [v for v in tracer.stack if isinstance(v, ExitValue) or is_grad_exit(v)]
+    if blocks and (
+        not all(blocks) or len(blocks) != len(exits) or not all(map(is_grad_exit, exits))
+    ):
         reason = tracer.graph_break.reason
         raise Unsupported(
             reason.reason,
-            f"{reason.detail} (inside a try/with block, where ember cannot resume; "
+            f"{reason.detail} (inside a try block or a `with` block other than "
+            "no_grad/enable_grad/set_grad_enabled, where ember cannot resume; "
             "the function runs eagerly)",
             location=reason.location,
             source_line=reason.source_line,
@@ -160,9 +191,36 @@ def _install_resume(
     local_names: list[str],
 ) -> str:
     resume = make_resume_function(fn, target, slots, local_names, tracer.insts)
-    name = f"__resume_{next(_counter)}"
-    fn.__globals__[name] = wrap(resume)
+    options = getattr(wrap, "keywords", {}).get("opts", wrap)
+    key = (resume, id(options))
+    name = _installed.get(key)
+    if name is None or name not in fn.__globals__:
+        name = _installed[key] = f"__resume_{next(_counter)}"
+        fn.__globals__[name] = _depth_limited(wrap(resume), resume)
     return name
+
+
+MAX_RESUME_DEPTH = 64
+"""Resume functions called from resume functions (a loop whose every iteration breaks) nest
+Python frames; past this depth the rest runs as the plain resume function, in CPython,
+instead of exhausting the recursion limit."""
+_installed: dict[tuple[Any, int], str] = {}
+_depth = threading.local()
+
+
+def _depth_limited(compiled: Callable[..., Any], plain: Callable[..., Any]) -> Callable[..., Any]:
+    def call(*args: Any) -> Any:
+        depth = getattr(_depth, "n", 0)
+        if depth >= MAX_RESUME_DEPTH:
+            return plain(*args)
+        _depth.n = depth + 1
+        try:
+            return compiled(*args)
+        finally:
+            _depth.n = depth
+
+    call.__wrapped__ = compiled
+    return call
 
 
 def _call_backend(

@@ -37,8 +37,12 @@ class Harvest:
         return [i.real for i in self.inputs]
 
     def is_empty(self) -> bool:
+        """No outputs and no work. Grad-mode switches alone are no work: the replacement
+        code sets the mode the frame leaves with itself."""
         return not self.output_index and not any(
-            n.op == "call_function" or n.op == "call_method" for n in self.gm.graph.nodes
+            (n.op == "call_function" and n.target is not torch._C._set_grad_enabled)
+            or n.op == "call_method"
+            for n in self.gm.graph.nodes
         )
 
 

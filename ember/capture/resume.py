@@ -14,7 +14,9 @@ import dis
 import enum
 import inspect
 import types
+from collections.abc import Callable
 
+import torch
 from bytecode import Bytecode, Instr, Label
 
 from ember.bytecode import PY312, Inst
@@ -41,9 +43,56 @@ class StackSlot:
     attr: str = ""
 
 
-def covered_by_handler(code: types.CodeType, inst: Inst) -> bool:
-    """Whether an instruction is inside a try/with block (an exception handler covers it)."""
-    return any(e.start <= inst.offset < e.end for e in dis.Bytecode(code).exception_entries)
+def enclosing_blocks(code: types.CodeType, inst: Inst) -> list[bool]:
+    """The try/with blocks around an instruction, innermost first: True for a `with` block.
+
+    The exception table maps an instruction to its innermost handler only; the handler's own
+    code is covered by a cleanup entry, and the cleanup by the next enclosing block's handler,
+    so the chain of targets visits every enclosing block once."""
+    entries = dis.Bytecode(code).exception_entries
+    instrs = list(dis.get_instructions(code))
+    index = {ins.offset: n for n, ins in enumerate(instrs)}
+    blocks: list[bool] = []
+    offset = inst.offset
+    for _ in range(len(entries) + 1):
+        entry = next((e for e in entries if e.start <= offset < e.end), None)
+        if entry is None:
+            break
+        at = index[entry.target]
+        if instrs[at].opname == "PUSH_EXC_INFO":
+            blocks.append(instrs[at + 1].opname == "WITH_EXCEPT_START")
+        offset = entry.target
+    return blocks
+
+
+def is_grad_exit(value: object) -> bool:
+    """Whether a stack value is the `__exit__` of a grad-mode `with` block: the block's own
+    (ExitValue) or the stand-in that a resume function receives for it."""
+    from ember.capture.handlers.control import ExitValue
+    from ember.capture.values.functions import UserFunctionValue
+    from ember.capture.values.objects import GradModeValue
+
+    if isinstance(value, ExitValue):
+        return isinstance(value.manager, GradModeValue) and value.user_exit is None
+    return isinstance(value, UserFunctionValue) and value.fn in (
+        _leave_to_enabled,
+        _leave_to_disabled,
+    )
+
+
+def leave_grad_block(mode: bool) -> Callable[..., None]:
+    """The `__exit__` that a grad-mode `with` block resumed after a break finds on its stack:
+    it sets the grad mode back to what it was outside the block. A plain function, so that
+    ember captures the call like any other (`torch.set_grad_enabled(mode)` as a statement)."""
+    return _leave_to_enabled if mode else _leave_to_disabled
+
+
+def _leave_to_enabled(*exc_info: object) -> None:
+    torch.set_grad_enabled(True)
+
+
+def _leave_to_disabled(*exc_info: object) -> None:
+    torch.set_grad_enabled(False)
 
 
 def stack_param(i: int) -> str:

@@ -29,6 +29,9 @@ from ember.capture.values.functions import RealCell
 from ember.errors import BreakReason, Unsupported
 
 MAX_STEPS = 200_000
+_USER_ERRORS = (ArithmeticError, LookupError, ValueError)
+"""Exceptions that user code raises on its own values; any other escaping a handler is
+ember's bug and propagates."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -42,6 +45,16 @@ class Checkpoint:
     node_count: int
     effects_version: int
     grad_enabled: bool
+
+
+class RestartCapture(Exception):
+    """The root frame cannot be put back as it was before a failed instruction (the ledger
+    or containers changed part-way through it): the capture runs again and stops there."""
+
+    def __init__(self, steps: int, reason: Unsupported) -> None:
+        super().__init__(f"restart before step {steps}")
+        self.steps = steps
+        self.reason = reason
 
 
 @dataclasses.dataclass(slots=True)
@@ -97,6 +110,8 @@ class Translator:
         self._steps = 0
         self.allow_break = False
         self.graph_break: GraphBreak | None = None
+        self.stop_before: tuple[int, Unsupported] | None = None
+        """(steps, reason): break before the instruction after that many steps."""
 
     # stack
     def push(self, value: Value) -> None:
@@ -190,6 +205,9 @@ class Translator:
         from ember.capture.handlers import HANDLERS
 
         while self.returned is None:
+            if self.stop_before is not None and self._steps == self.stop_before[0]:
+                self.graph_break = GraphBreak(self.insts[self.ip], self.stop_before[1])
+                return None
             checkpoint = self._checkpoint() if self.allow_break else None
             if self.ip >= len(self.insts):
                 raise Unsupported(BreakReason.DYNAMIC_CONTROL_FLOW, "fell off the end of code")
@@ -208,13 +226,24 @@ class Translator:
                         BreakReason.UNSUPPORTED_OPCODE,
                         f"{inst.opname}: {inst.unsupported_reason}",
                     )
-                HANDLERS[inst.op](self, inst)
+                try:
+                    HANDLERS[inst.op](self, inst)
+                except _USER_ERRORS as exc:
+                    # Python raised while folding the user's code on known values (int("x"),
+                    # {}["k"], 1 / 0): CPython must raise it, where the user's handler can see it.
+                    raise Unsupported(
+                        BreakReason.EXCEPTION_RAISED, f"{type(exc).__name__}: {exc}"
+                    ) from exc
             except Unsupported as exc:
                 where, text = self.location()
                 exc.at(where, text)
                 exc.user_stack.append(f"{where} in {self.code.co_name}: {text}")
-                if checkpoint is None or not self._restore(checkpoint):
+                if checkpoint is None:
                     raise
+                if not self._restore(checkpoint):
+                    # the instruction recorded mutations (an inlined call that broke part-way):
+                    # capture again from the start and stop before it
+                    raise RestartCapture(self._steps - 1, exc) from exc
                 self.graph_break = GraphBreak(inst, exc)
                 return None
         return self.returned
@@ -330,7 +359,12 @@ def bind_arguments(
 
 
 def root_translator(
-    ctx: CaptureContext, fn: types.FunctionType, args: tuple, kwargs: dict, allow_break: bool
+    ctx: CaptureContext,
+    fn: types.FunctionType,
+    args: tuple,
+    kwargs: dict,
+    allow_break: bool,
+    stop_before: tuple[int, Unsupported] | None = None,
 ) -> Translator:
     """The translator of the function being compiled, its arguments wrapped on first use."""
     real = inspect.signature(fn).bind(*args, **kwargs)
@@ -342,4 +376,5 @@ def root_translator(
     ctx.guards.add(GuardKind.GRAD_MODE, None, torch.is_grad_enabled())
     tracer = Translator(ctx, fn.__code__, fn.__globals__, {}, cells, lazy_args=lazy)
     tracer.allow_break = allow_break
+    tracer.stop_before = stop_before
     return tracer
