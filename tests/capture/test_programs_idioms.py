@@ -325,3 +325,23 @@ def test_torch_no_grad_decorator_on_inlined_function():
         return _no_grad_helper(x) + x
 
     check_against_eager(f, torch.randn(3, requires_grad=True), frames=1)
+
+
+MEMO = {}
+SEEN = []
+
+
+def test_global_containers_mutated():
+    def f(x):
+        MEMO["k"] = x * 2
+        SEEN.append(x.shape[0])
+        return x + 1
+
+    compiled = ember.compile(f, backend="eager", fullgraph=True)
+    x = x34()
+    out = compiled(x)
+    assert_same(out, x + 1)
+    assert_same(MEMO["k"], x * 2)
+    assert SEEN == [3]
+    compiled(x)  # the dict now has the key and the list is longer: a new capture
+    assert SEEN == [3, 3] and list(MEMO) == ["k"]

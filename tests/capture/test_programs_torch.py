@@ -395,3 +395,12 @@ def test_dtype_dependent_program(dtype):
         return x // 2, x.dtype
 
     check_against_eager(f, torch.ones(3).to(dtype), frames=1)
+
+
+def test_structseq_results_keep_their_type():
+    def f(x):
+        return torch.max(x, 0), x.sort(dim=-1), torch.linalg.slogdet(x @ x.T + torch.eye(3))
+
+    result = check_against_eager(f, x34()[:, :3], frames=1)
+    assert type(result[0]) is torch.return_types.max
+    assert result[1].indices.dtype is torch.int64

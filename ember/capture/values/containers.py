@@ -128,9 +128,14 @@ class TupleValue(SequenceValue):
                 em.reconstruct(item)
             em.cg.call(len(self.items))
             return
+        if self.struct_type is not None:  # torch.return_types: built from one tuple
+            em.cg.push_null()
+            em.cg.load_const(self.struct_type)
         for item in self.items:
             em.reconstruct(item)
         em.cg.build("TUPLE", len(self.items))
+        if self.struct_type is not None:
+            em.cg.call(1)
 
 
 def _return_type_fields(struct: type | None) -> tuple[str, ...] | None:
