@@ -292,6 +292,10 @@ def build_break_replacement(
     stack, inst = site.stack, site.inst
     slots = [_slot(v) for v in stack]
     callee_at = len(stack) - inst.arg - 1 if inst.op is Op.CALL else -1
+    operands = len(stack) - _operand_count(inst)
+    for i in range(operands, len(stack)):  # what CPython consumes is passed whole
+        if slots[i].kind is not Slot.NULL:
+            slots[i] = StackSlot(Slot.VALUE)
     for i, value in enumerate(stack):
         kind = slots[i].kind
         if i == callee_at and kind is not Slot.NULL:
@@ -327,19 +331,14 @@ def build_break_replacement(
             cg, site.make_resume(inst.target, rest, local_names), rest, local_names, site.cells
         )
         return cg.to_code()
-    if inst.op is Op.CALL:
-        consumed, pushes = inst.arg + 2, 1
-    elif inst.op is Op.CALL_FUNCTION_EX:
-        consumed, pushes = 3 + (inst.arg & 1), 1
-    elif inst.op in _REPLAYABLE:
-        consumed, pushes = _REPLAYABLE[inst.op]
-    else:
+    if not can_resume_after(inst):
         raise Unsupported(
             BreakReason.UNSUPPORTED_OPCODE,
             f"a graph break at {inst.opname} cannot be resumed",
             hint="the function runs eagerly",
         )
-    base = len(stack) - consumed
+    pushes = 1 if inst.op in (Op.CALL, Op.CALL_FUNCTION_EX) else _REPLAYABLE[inst.op][1]
+    base = operands
     for i in range(base, len(stack)):
         if slots[i].kind is Slot.NULL:
             cg.push_null()
@@ -373,6 +372,26 @@ _REPLAYABLE = {
 }
 """Instructions other than calls that break code can run in CPython as they are:
 (operands popped, results pushed). `x[mask]`, `t.grad`, `del obj.attr` break here."""
+
+
+def _operand_count(inst: Inst) -> int:
+    """How many stack slots the unsupported instruction consumes."""
+    if inst.op is Op.CALL:
+        return inst.arg + 2
+    if inst.op is Op.CALL_FUNCTION_EX:
+        return 3 + (inst.arg & 1)
+    if inst.op in _JUMP_CONDITIONS:
+        return 1
+    return _REPLAYABLE.get(inst.op, (0, 0))[0]
+
+
+def can_resume_after(inst: Inst) -> bool:
+    """Whether break code can run this instruction in CPython and resume after it."""
+    return (
+        inst.op in (Op.CALL, Op.CALL_FUNCTION_EX)
+        or inst.op in _REPLAYABLE
+        or (inst.op in _JUMP_CONDITIONS)
+    )
 
 
 def _emit_unsupported(cg: CodeBuilder, inst: Inst, kw_names: tuple[str, ...]) -> None:

@@ -26,6 +26,7 @@ from ember.capture.codegen import (
     BreakSite,
     build_break_replacement,
     build_replacement,
+    can_resume_after,
     live_tensors,
 )
 from ember.capture.guards import build_guard_function
@@ -166,12 +167,20 @@ def _check_resumable(fn: types.FunctionType, tracer: Any) -> None:
     resume (the handler would be lost, or the context could not be entered again). Inside
     grad-mode blocks it can: the resume function's copy of the code keeps the block's handler,
     and its stack holds an `__exit__` that restores the outer mode."""
+    reason = tracer.graph_break.reason
+    if not can_resume_after(tracer.graph_break.inst):
+        raise Unsupported(
+            reason.reason,
+            f"{reason.detail} (at {tracer.graph_break.inst.opname}, which ember cannot run "
+            "on its own and resume after; the function runs eagerly)",
+            location=reason.location,
+            source_line=reason.source_line,
+        )
     blocks = enclosing_blocks(fn.__code__, tracer.graph_break.inst)
     exits = [v for v in tracer.stack if isinstance(v, ExitValue) or is_grad_exit(v)]
     if blocks and (
         not all(blocks) or len(blocks) != len(exits) or not all(map(is_grad_exit, exits))
     ):
-        reason = tracer.graph_break.reason
         raise Unsupported(
             reason.reason,
             f"{reason.detail} (inside a try block or a `with` block other than "
