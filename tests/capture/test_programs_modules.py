@@ -391,3 +391,45 @@ def test_mini_gpt_with_tied_weights_and_loss():
     targets = torch.randint(0, 32, (2, 8))
     check_module(_mini_gpt(), idx, ref=_mini_gpt())
     check_module(_mini_gpt(), idx, targets, frames=1, grads=True, ref=_mini_gpt())
+
+
+class Introspective(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.maybe = None
+
+    def forward(self, x):
+        name = self.__class__.__name__ + type(self).__name__
+        if getattr(self, "maybe", None) is not None:
+            x = self.maybe(x)
+        if hasattr(self, "nothing"):
+            x = x * 100
+        n = sum(p.numel() for p in self.parameters())
+        names = [k for k, _ in self.named_parameters()]
+        extra = self.lin.extra_repr()
+        return self.lin(x) * n, name, names, extra, isinstance(self.lin, nn.Linear)
+
+
+def test_module_introspection():
+    check_module(Introspective(), torch.randn(2, 3))
+
+
+def test_parameter_update_under_no_grad_inside_forward():
+    class Renorm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        def forward(self, x):
+            with torch.no_grad():
+                self.lin.weight.div_(self.lin.weight.norm())
+            return self.lin(x)
+
+    mod = Renorm()
+    ref = copy.deepcopy(mod)
+    compiled = ember.compile(mod, backend="eager", fullgraph=True)
+    for _ in range(2):
+        x = torch.randn(2, 3)
+        assert_same(compiled(x), ref(x))
+    assert_same(mod.lin.weight, ref.lin.weight)

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 def _class_attribute(tx: Translator, owner: Value, cls: type, name: str, source) -> Value:
     """`owner.name` resolved on the class: methods bind, properties run, constants wrap."""
+    if name == "__class__":  # the owner's type is pinned by its TYPE_MATCH / ID_MATCH guard
+        return tx.ctx.builder.wrap_const(cls)
     for klass in cls.__mro__:
         if name in klass.__dict__:
             attr = klass.__dict__[name]
@@ -192,8 +194,6 @@ class UserObjectValue(Value):
         return True
 
     def getattr(self, tx: Translator, name: str) -> Value:
-        if name == "__class__":  # the type is pinned by the TYPE_MATCH guard
-            return tx.ctx.builder.wrap_const(self.cls)
         if self.is_new:
             if name in self.attrs:
                 return self.attrs[name]
