@@ -224,7 +224,8 @@ def _extract(
         if isinstance(o, fx.Node) and o not in env:
             emit(o)
     result = tuple(env[o] if isinstance(o, fx.Node) else o for o in outputs)
-    graph.output(result)
+    out = graph.output(result)
+    out.meta["val"] = tuple(r.meta.get("val") if isinstance(r, fx.Node) else r for r in result)
     graph.eliminate_dead_code()
     return fx.GraphModule(joint, graph)
 

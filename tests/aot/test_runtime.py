@@ -14,6 +14,7 @@ from torch import nn
 from ember.aot import aot_eager
 from ember.aot.joint import trace_joint
 from ember.aot.partition import partition
+from ember.aot.trace import check_functional
 
 
 def _compile(fn, *inputs):
@@ -140,6 +141,8 @@ def test_partitioner_recomputes_gelu_instead_of_saving(caplog):
     bwd_targets = [n.target for n in cut.backward.graph.nodes]
     assert torch.ops.aten.gelu.default in bwd_targets  # recomputed from the saved matmul
     assert f"{cut.saved_bytes} bytes" in caplog.text
+    for graph in (cut.forward.graph, cut.backward.graph, joint.gm.graph):
+        check_functional(graph)
 
 
 def test_partitioner_never_recomputes_random_ops():
