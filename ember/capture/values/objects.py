@@ -326,6 +326,9 @@ class PyModuleValue(Value):
         return types.ModuleType
 
     def getattr(self, tx: Translator, name: str) -> Value:
+        pending = tx.ctx.effects.load_attr(self, name)
+        if pending is not None:
+            return pending
         try:
             attr = getattr(self.module, name)
         except AttributeError as exc:
@@ -337,6 +340,12 @@ class PyModuleValue(Value):
         if self.source is not None:
             return tx.ctx.builder.wrap(attr, AttrSource(self.source, name))
         return tx.ctx.builder.wrap_const(attr)
+
+    def setattr(self, tx: Translator, name: str, value: Value) -> None:
+        """`module.attr = v` on a user's module goes into the ledger (like a global)."""
+        if self.source is None or self.module.__name__.split(".")[0] in ("torch", "math"):
+            return super().setattr(tx, name, value)
+        tx.ctx.effects.store_attr(self, name, value)
 
 
 class CellValue:
