@@ -186,7 +186,7 @@ def test_recompile_limit_falls_back_to_eager_with_warning():
         LIMITED = saved
     assert counter.frame_count == 2
     messages = [str(w.message) for w in caught]
-    assert any("recompile limit" in m and "___G['LIMITED'] == " in m for m in messages), messages
+    assert any("recompile limit" in m and "['LIMITED'] == " in m for m in messages), messages
 
 
 def test_backend_by_name_and_callable():

@@ -404,3 +404,14 @@ def test_structseq_results_keep_their_type():
     result = check_against_eager(f, x34()[:, :3], frames=1)
     assert type(result[0]) is torch.return_types.max
     assert result[1].indices.dtype is torch.int64
+
+
+def test_builtins_on_tensors_and_keys():
+    def f(x):
+        d = {"b": x, "a": x * 2, "c": x * 3}
+        ordered = [v for _, v in sorted(d.items(), key=lambda kv: kv[0])]
+        by_len = sorted([x, x[:2], x[:1]], key=len, reverse=True)
+        flags = (callable(3), callable(torch.relu), callable(x), callable(len), callable(int))
+        return pow(x, 2), pow(2, 3, 5), ordered, by_len, flags, sorted(d)
+
+    check_against_eager(f, x4(), frames=1)

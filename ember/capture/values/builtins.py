@@ -117,7 +117,9 @@ def _issubclass(tx, args, kwargs):
 
 @handles(callable)
 def _callable(tx, args, kwargs):
-    return ConstantValue(callable(args[0].python_type()) or hasattr(args[0], "call"))
+    # an object is callable when its type defines __call__ (a class is: `type` defines it)
+    kind = args[0].python_type()
+    return ConstantValue(any("__call__" in k.__dict__ for k in kind.__mro__))
 
 
 @handles(type)
@@ -324,13 +326,33 @@ def _filter(tx, args, kwargs):
 
 @handles(sorted)
 def _sorted(tx, args, kwargs):
+    """Sorted by constant keys (the items may be anything: `sorted(d.items(), key=...)`)."""
     items = args[0].iterate(tx)
-    if not all_constant(items) or "key" in kwargs:
-        raise Unsupported(BreakReason.UNSUPPORTED_CALL, "sorted() of non-constants or with key=")
+    key_fn = kwargs.get("key")
+    if key_fn is not None and not (key_fn.is_constant() and key_fn.as_constant() is None):
+        keys = [key_fn.call(tx, [item], {}) for item in items]
+    else:
+        keys = items
+    if not all_constant(keys):
+        raise Unsupported(
+            BreakReason.DATA_DEPENDENT_BRANCH,
+            "sorted() compares values only known at run time",
+            hint="sort by a Python key (a name, a shape), or use torch.sort",
+        )
     reverse = kwargs.get("reverse", ConstantValue(False)).as_constant()
-    return ListValue(
-        [ConstantValue(v) for v in sorted((i.as_constant() for i in items), reverse=reverse)]
-    )
+    order = sorted(range(len(items)), key=lambda i: keys[i].as_constant(), reverse=reverse)
+    return ListValue([items[i] for i in order])
+
+
+@handles(pow)
+def _pow(tx, args, kwargs):
+    from ember.capture.operators import apply
+
+    if len(args) == 3:  # modular power: integers only
+        if not all_constant(args):
+            raise Unsupported(BreakReason.UNSUPPORTED_CALL, "pow() with a modulus on tensors")
+        return ConstantValue(pow(*(a.as_constant() for a in args)))
+    return apply(tx, operator.pow, list(args))
 
 
 def _fold_constructor(cls: type) -> Handler:
