@@ -12,6 +12,7 @@ import dataclasses
 import enum
 import inspect
 import math
+import re
 import types
 from collections.abc import Callable
 from typing import Any
@@ -150,22 +151,27 @@ class GuardFunction:
     check: Callable[..., bool]
     source_text: str
     conditions: list[str]
+    """The checks, in order, with the sources' readable names substituted."""
+    statements: list[tuple[str, str]]
+    """("let", assignment) or ("check", condition), as the check function runs them."""
     scope: dict[str, Any]
     signature: str
 
     def first_failure(self, *args: Any, **kwargs: Any) -> str:
-        """The text of the first condition that does not hold for these arguments."""
-        explain = _compile(
-            self.signature,
-            [f"if not ({c}): return {c!r}" for c in self.conditions],
-            self.scope,
-            self.check,
-            body_is_statements=True,
-        )
+        """The first condition that does not hold for these arguments, readably."""
+        body = [
+            text if kind == "let" else f"if not ({text}): return {self._readable(text)!r}"
+            for kind, text in self.statements
+        ]
+        explain = _compile(self.signature, body, self.scope, self.check, report=True)
         try:
             return explain(*args, **kwargs) or "(all guards hold)"
-        except Exception as exc:  # a condition raised: report that one
+        except Exception as exc:  # reading a source raised: report that
             return f"guard evaluation raised {type(exc).__name__}: {exc}"
+
+    def _readable(self, text: str) -> str:
+        names = self.scope.get("___readable", {})
+        return re.sub(r"___v\d+", lambda m: names.get(m.group(0), m.group(0)), text)
 
 
 def parameter_list(code: types.CodeType) -> str:
@@ -194,20 +200,14 @@ def _compile(
     body: list[str],
     scope: dict[str, Any],
     like: Callable[..., Any],
-    body_is_statements: bool = False,
+    report: bool = False,
 ) -> Callable[..., Any]:
-    if body_is_statements:
-        lines = ["    try:"] + [f"        {line}" for line in body] + ["    except Exception:"]
-        lines += ["        raise", "    return None"]
-    else:
-        cond = " and ".join(f"({c})" for c in body) or "True"
-        lines = [
-            "    try:",
-            f"        return {cond}",
-            "    except Exception:",
-            "        return False",
-        ]
-    text = f"def ___guard({signature}):\n" + "\n".join(lines) + "\n"
+    """Compile guard statements into a function with `like`'s signature and defaults. The
+    check returns False when a statement raises; the report variant lets it propagate."""
+    failure = "        raise" if report else "        return False"
+    done = "    return None" if report else "    return True"
+    lines = ["    try:", *(f"        {line}" for line in body), "    except Exception:", failure]
+    text = f"def ___guard({signature}):\n" + "\n".join(lines + [done]) + "\n"
     namespace: dict[str, Any] = dict(scope)
     exec(compile(text, "<ember guard>", "exec"), namespace)
     fn = namespace["___guard"]
@@ -218,19 +218,33 @@ def _compile(
 
 
 def build_guard_function(guards: GuardSet, fn: types.FunctionType) -> GuardFunction:
-    """Compile all guards into one function with `fn`'s signature."""
+    """Compile all guards into one function with `fn`'s signature: each source is read once
+    into a local, then every check runs in the order the guards were added."""
     scope = GuardScope()
-    conditions: list[str] = []
+    statements: list[tuple[str, str]] = []
+    seen: set[str] = set()
+
+    def add(conditions: list[str]) -> None:
+        statements.extend(("let", a) for a in scope.take_assignments())
+        for cond in conditions:
+            if cond not in seen:
+                seen.add(cond)
+                statements.append(("check", cond))
+
     for guard in guards:
-        for cond in guard.conditions(scope):
-            if cond not in conditions:
-                conditions.append(cond)
-    conditions.extend(_no_aliasing(guards, scope))
+        add(guard.conditions(scope))
+    add(_no_aliasing(guards, scope))
     # Factory calls without a dtype (torch.zeros(n)) were traced under this default.
-    conditions.append(f"___torch.get_default_dtype() is {scope.const(torch.get_default_dtype())}")
+    add([f"___torch.get_default_dtype() is {scope.const(torch.get_default_dtype())}"])
     names = dict(scope.names)
     names.update(___G=fn.__globals__, ___closure=fn.__closure__, ___torch=torch)
     names["___hooks"] = torch.nn.modules.module
+    names["___readable"] = scope.readable
     signature = parameter_list(fn.__code__)
-    check = _compile(signature, conditions, names, fn)
-    return GuardFunction(check, check.__ember_source__, conditions, names, signature)
+    body = [
+        text if kind == "let" else f"if not ({text}): return False" for kind, text in statements
+    ]
+    check = _compile(signature, body, names, fn)
+    result = GuardFunction(check, check.__ember_source__, [], statements, names, signature)
+    result.conditions = [result._readable(t) for kind, t in statements if kind == "check"]
+    return result

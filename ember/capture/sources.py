@@ -15,11 +15,33 @@ from ember.bytecode import CodeBuilder
 
 
 class GuardScope:
-    """Names that guard expressions may use besides the function's parameters."""
+    """Names that guard expressions may use besides the function's parameters.
+
+    Every compound source (an attribute, item or dict lookup) is evaluated once per guard call
+    into a local (`bind`): a module with many parameters would otherwise walk the same
+    attribute chains, through `Module.__getattr__`, for each of their checks."""
 
     def __init__(self) -> None:
         self.names: dict[str, Any] = {}
         self._ids: dict[int, str] = {}
+        self._locals: dict[Source, str] = {}
+        self.pending: list[str] = []
+        """Assignments made since the caller last took them (`take_assignments`)."""
+        self.readable: dict[str, str] = {}
+        """Local name -> the source's readable name (for failure reports)."""
+
+    def bind(self, source: Source, text: str) -> str:
+        """A local holding the value of `source` (whose expression is `text`)."""
+        name = self._locals.get(source)
+        if name is None:
+            name = self._locals[source] = f"___v{len(self._locals)}"
+            self.pending.append(f"{name} = {text}")
+            self.readable[name] = source.name()
+        return name
+
+    def take_assignments(self) -> list[str]:
+        taken, self.pending = self.pending, []
+        return taken
 
     def const(self, value: Any, hint: str = "c") -> str:
         """A guard-global name bound to `value` (one name per object)."""
@@ -80,7 +102,7 @@ class GlobalSource(Source):
         return f"G[{self.global_name!r}]"
 
     def expr(self, scope: GuardScope) -> str:
-        return f"___G[{self.global_name!r}]"
+        return scope.bind(self, f"___G[{self.global_name!r}]")
 
     def emit(self, cg: CodeBuilder) -> None:
         cg.load_global(self.global_name)
@@ -108,7 +130,7 @@ class ForeignGlobalSource(Source):
         return f"G[{module!r}][{self.global_name!r}]"
 
     def expr(self, scope: GuardScope) -> str:
-        return f"{scope.const(self.globals_dict, 'g')}[{self.global_name!r}]"
+        return scope.bind(self, f"{scope.const(self.globals_dict, 'g')}[{self.global_name!r}]")
 
     def emit(self, cg: CodeBuilder) -> None:
         cg.load_const(self.globals_dict)
@@ -127,7 +149,7 @@ class CellSource(Source):
         return f"L[{self.var!r}]"
 
     def expr(self, scope: GuardScope) -> str:
-        return f"___closure[{self.index}].cell_contents"
+        return scope.bind(self, f"___closure[{self.index}].cell_contents")
 
     def emit(self, cg: CodeBuilder) -> None:
         cg.load_deref(self.var)
@@ -142,7 +164,7 @@ class AttrSource(Source):
         return f"{self.base.name()}.{self.attr}"
 
     def expr(self, scope: GuardScope) -> str:
-        return f"{self.base.expr(scope)}.{self.attr}"
+        return scope.bind(self, f"{self.base.expr(scope)}.{self.attr}")
 
     def emit(self, cg: CodeBuilder) -> None:
         self.base.emit(cg)
@@ -158,7 +180,7 @@ class ItemSource(Source):
         return f"{self.base.name()}[{self.key!r}]"
 
     def expr(self, scope: GuardScope) -> str:
-        return f"{self.base.expr(scope)}[{self.key!r}]"
+        return scope.bind(self, f"{self.base.expr(scope)}[{self.key!r}]")
 
     def emit(self, cg: CodeBuilder) -> None:
         self.base.emit(cg)
@@ -187,3 +209,28 @@ class ConstSource(Source):
 
     def emit(self, cg: CodeBuilder) -> None:
         cg.load_const(self.value)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModuleEntrySource(Source):
+    """A parameter, buffer or submodule of an nn.Module, read from the module's own table
+    (`_parameters`, `_buffers`, `_modules`) instead of through `Module.__getattr__`, which is
+    many times slower and runs on every guard check and every call."""
+
+    base: Source
+    table: str
+    key: str
+    display: str
+    """How the name reads: `.weight` or `[0]` (a ModuleList / Sequential child)."""
+
+    def name(self) -> str:
+        return f"{self.base.name()}{self.display}"
+
+    def expr(self, scope: GuardScope) -> str:
+        return scope.bind(self, f"{self.base.expr(scope)}.{self.table}[{self.key!r}]")
+
+    def emit(self, cg: CodeBuilder) -> None:
+        self.base.emit(cg)
+        cg.load_attr(self.table)
+        cg.load_const(self.key)
+        cg.subscr()

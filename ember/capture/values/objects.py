@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ember.capture.sources import AttrSource, ItemSource
+from ember.capture.sources import AttrSource, ItemSource, ModuleEntrySource, Source
 from ember.capture.values.base import ConstantValue, Value
 from ember.capture.values.functions import BoundMethodValue, UserFunctionValue
 from ember.errors import BreakReason, Unsupported
@@ -56,9 +56,9 @@ def _class_attribute(tx: Translator, owner: Value, cls: type, name: str, source)
             BreakReason.UNSUPPORTED_ATTRIBUTE,
             f"descriptor {name!r} of {cls.__name__} ({type(attr).__name__})",
         )
-    if source is not None:
-        return tx.ctx.builder.wrap(attr, AttrSource(source, name))
-    return tx.ctx.builder.wrap_const(attr)
+    if source is None:  # an object made during capture: guard the class attribute instead
+        source = ConstSource(cls, cls.__qualname__)
+    return tx.ctx.builder.wrap(attr, AttrSource(source, name))
 
 
 class BuiltinMethodValue(Value):
@@ -98,7 +98,7 @@ class ModuleValue(Value):
         for table in ("_parameters", "_buffers", "_modules"):
             entries = m.__dict__.get(table, {})
             if name in entries:
-                return builder.wrap(entries[name], AttrSource(src, name))
+                return builder.wrap(entries[name], ModuleEntrySource(src, table, name, f".{name}"))
         if name in m.__dict__:
             return builder.wrap(m.__dict__[name], AttrSource(src, name))
         return _class_attribute(tx, self, type(m), name, src)
@@ -143,7 +143,7 @@ class ModuleValue(Value):
     def iterate(self, tx: Translator) -> list[Value]:
         if isinstance(self.module, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
             return [ConstantValue(k) for k, _ in self._children(tx)]
-        return [tx.ctx.builder.wrap(c, ItemSource(self.source, k)) for k, c in self._children(tx)]
+        return [tx.ctx.builder.wrap(c, self._child_source(k)) for k, c in self._children(tx)]
 
     def length(self, tx: Translator) -> int:
         return len(self._children(tx))
@@ -155,14 +155,24 @@ class ModuleValue(Value):
         if isinstance(k, slice):  # layers[1:]: the selected children, iterable and indexable
             children = self._children(tx)
             return ListValue(
-                [tx.ctx.builder.wrap(c, ItemSource(self.source, i)) for i, c in children[k]]
+                [tx.ctx.builder.wrap(c, self._child_source(i)) for i, c in children[k]]
             )
         children = dict(self._children(tx))
         if isinstance(k, int) and k < 0:
             k += len(children)
         if k not in children:
             raise Unsupported(BreakReason.UNSUPPORTED_OPERATOR, f"{self.describe()}[{k!r}]")
-        return tx.ctx.builder.wrap(children[k], ItemSource(self.source, k))
+        return tx.ctx.builder.wrap(children[k], self._child_source(k))
+
+    def _child_source(self, key: Any) -> Source:
+        """Children of module containers are read from `_modules` (ModuleList's __getitem__
+        is Python code that would run on every guard check and call)."""
+        m = self.module
+        if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)):
+            return ModuleEntrySource(self.source, "_modules", list(m._modules)[key], f"[{key}]")
+        if isinstance(m, torch.nn.ModuleDict):
+            return ModuleEntrySource(self.source, "_modules", key, f"[{key!r}]")
+        return ItemSource(self.source, key)
 
     def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
         return self.getattr(tx, name).call(tx, args, kwargs)
@@ -276,7 +286,11 @@ class ClassValue(Value):
                 if isinstance(attr, staticmethod):
                     return tx.ctx.builder.wrap_const(attr.__func__)
                 break
-        return tx.ctx.builder.wrap_const(getattr(self.cls, name))
+        # a class attribute may be rebound between calls: read it through a guarded source
+        return tx.ctx.builder.wrap(getattr(self.cls, name), AttrSource(self._source(), name))
+
+    def _source(self) -> Source:
+        return self.source or ConstSource(self.cls, self.cls.__qualname__)
 
     def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
         from ember.capture.values.containers import TupleValue
