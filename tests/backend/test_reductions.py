@@ -90,3 +90,13 @@ def test_other_dtypes(dtype):
 
     tol = {"atol": 5e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {}
     check(f, x, **tol)
+
+
+def test_column_reductions_read_rows_in_order():
+    x = torch.randn(300, 70)
+
+    def f(x):
+        return x.sum(0), x.amax(0), (x * 2).mean(0)
+
+    (art,) = check(f, x, atol=1e-4, rtol=1e-5)
+    assert "for (int64_t xb = 0;" in art.cpp  # the interchanged (row-order) form

@@ -241,6 +241,9 @@ class KernelWriter:
         self.lines.append(f'extern "C" void {k.name}({", ".join(sig)}) {{')
         work = _prod(k.outer) * max([_prod(lp.inner) for lp in k.loops] + [1])
         par = f"if({work} >= {PARALLEL_MIN_WORK})"
+        if _column_reduction(k):
+            self._columns(par)
+            return "\n".join(self.lines)
         n = len(k.outer)
         pure = all(not lp.inner for lp in k.loops)
         ind = "  "
@@ -273,6 +276,50 @@ class KernelWriter:
             ind = ind[:-2]
             self.lines.append(f"{ind}}}")
         return "\n".join(self.lines)
+
+    def _columns(self, par: str) -> None:
+        """Reductions down columns: rows outer, a block of COLUMNS adjacent outputs inner, so
+        memory is read in row order instead of one strided column at a time. Blocks of
+        COLUMNS rows are reduced first and then combined (a two-level cascade, for accuracy)."""
+        (size,), lp = self.k.outer, self.k.loops[0]
+        self.stash, self.preset, self.loop_index = {}, {}, 0
+        w, rows = COLUMNS, lp.inner[0]
+        out = [f"  #pragma omp parallel for {par}"]
+        out.append(f"  for (int64_t xb = 0; xb < {size}; xb += {w}) {{")
+        out.append(f"    const int64_t xn = {size} - xb < {w} ? {size} - xb : {w};")
+        for r in lp.nodes:
+            t, init = VALUE_T[acc_type(r)], _INIT[r.reduction_type](acc_type(r))
+            out.append(f"    {t} tot_{r.name}[{w}], acc_{r.name}[{w}];")
+            out.append(f"    for (int64_t l = 0; l < {w}; ++l) tot_{r.name}[l] = {init};")
+        out.append(f"    for (int64_t rb = 0; rb < {rows}; rb += {w}) {{")
+        out.append(f"      const int64_t re = {rows} - rb < {w} ? {rows} : rb + {w};")
+        for r in lp.nodes:
+            init = _INIT[r.reduction_type](acc_type(r))
+            out.append(f"      for (int64_t l = 0; l < {w}; ++l) acc_{r.name}[l] = {init};")
+        out.append("      for (int64_t r0 = rb; r0 < re; ++r0) {")
+        out.append("        #pragma omp simd")
+        out.append("        for (int64_t l = 0; l < xn; ++l) {")
+        out.append("          const int64_t x0 = xb + l;")
+        self.lines += out
+        self._statements(lp.nodes, "          ", {}, "l")
+        self.lines += ["        }", "      }"]
+        for r in lp.nodes:
+            comb = _COMBINE[r.reduction_type].format(a=f"tot_{r.name}[l]", b=f"acc_{r.name}[l]")
+            self.lines.append(f"      for (int64_t l = 0; l < xn; ++l) tot_{r.name}[l] = {comb};")
+        self.lines += ["    }", "    for (int64_t l = 0; l < xn; ++l) {"]
+        self.lines.append("      const int64_t x0 = xb + l;")
+        for r in lp.nodes:
+            if r.name in self.k.local:
+                continue
+            v = f"tot_{r.name}[l]"
+            if r.dtype != acc_type(r):
+                v = _cast(v, acc_type(r), r.dtype)
+            self.lines.append("      " + store_c(r.name, r.index, v, r.dtype))
+        scalars = {r.name: f"tot_{r.name}[l]" for r in lp.nodes}
+        for j, later in enumerate(self.k.loops[1:], start=1):
+            self.loop_index = j
+            self._statements(later.nodes, "      ", scalars, None)
+        self.lines += ["    }", "  }", "}"]
 
     def _statements(self, nodes, ind: str, scalars: dict[str, str], lane: str | None) -> None:
         """Pointwise stores and reduction accumulations of one element."""
@@ -357,6 +404,30 @@ class KernelWriter:
         for _ in range(close):
             ind = ind[:-2]
             self.lines.append(f"{ind}}}")
+
+
+COLUMNS = 64  # adjacent outputs a column reduction accumulates at once
+
+
+def _column_reduction(k: Kernel) -> bool:
+    """One loop of reductions over one dim whose loads are contiguous in the output index
+    and strided in the reduced one (x.sum(0) of a row-major matrix)."""
+    if len(k.outer) != 1 or len(k.loops[0].inner) != 1:
+        return False
+    if not all(isinstance(n, ir.Reduction) for n in k.loops[0].nodes):
+        return False
+    epilogue = [n for lp in k.loops[1:] for n in lp.nodes]
+    if any(lp.inner for lp in k.loops[1:]) or any(isinstance(n, ir.Reduction) for n in epilogue):
+        return False
+    x0, r0 = ir.loop_vars(1)[0], ir.loop_vars(1, "r")[0]
+    for n in k.loops[0].nodes:
+        for ld in ir.loads(n.body):
+            idx = ld.index
+            if idx.has(indexing.FloorDiv, indexing.ModIdx) or idx.coeff(x0) != 1:
+                return False
+            if idx.coeff(r0) in (0, 1):
+                return False
+    return True
 
 
 _EXPENSIVE = frozenset({U.EXP, U.LOG, U.TANH, U.ERF, U.SIGMOID, U.EXPM1, U.LOG1P, U.SIN, U.COS})
