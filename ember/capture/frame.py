@@ -162,6 +162,19 @@ def _live_cells(fn: types.FunctionType, tracer: Any) -> dict[str, Any]:
     return cells
 
 
+def _runs_eagerly(reason: Unsupported, why: str) -> Unsupported:
+    """The break's own reason and place, saying why the function runs eagerly instead."""
+    exc = Unsupported(
+        reason.reason,
+        f"{reason.detail} ({why}; the function runs eagerly)",
+        location=reason.location,
+        source_line=reason.source_line,
+        hint=reason.hint,
+    )
+    exc.user_stack = list(reason.user_stack)
+    return exc
+
+
 def _check_resumable(fn: types.FunctionType, tracer: Any) -> None:
     """A break inside a try block, or a `with` block other than a grad-mode one, cannot
     resume (the handler would be lost, or the context could not be entered again). Inside
@@ -169,25 +182,20 @@ def _check_resumable(fn: types.FunctionType, tracer: Any) -> None:
     and its stack holds an `__exit__` that restores the outer mode."""
     reason = tracer.graph_break.reason
     if not can_resume_after(tracer.graph_break.inst):
-        raise Unsupported(
-            reason.reason,
-            f"{reason.detail} (at {tracer.graph_break.inst.opname}, which ember cannot run "
-            "on its own and resume after; the function runs eagerly)",
-            location=reason.location,
-            source_line=reason.source_line,
+        raise _runs_eagerly(
+            reason,
+            f"at {tracer.graph_break.inst.opname}, which ember cannot run on its own and "
+            "resume after",
         )
     blocks = enclosing_blocks(fn.__code__, tracer.graph_break.inst)
     exits = [v for v in tracer.stack if isinstance(v, ExitValue) or is_grad_exit(v)]
     if blocks and (
         not all(blocks) or len(blocks) != len(exits) or not all(map(is_grad_exit, exits))
     ):
-        raise Unsupported(
-            reason.reason,
-            f"{reason.detail} (inside a try block or a `with` block other than "
-            "no_grad/enable_grad/set_grad_enabled, where ember cannot resume; "
-            "the function runs eagerly)",
-            location=reason.location,
-            source_line=reason.source_line,
+        raise _runs_eagerly(
+            reason,
+            "inside a try block or a `with` block other than "
+            "no_grad/enable_grad/set_grad_enabled, where ember cannot resume",
         )
 
 
