@@ -438,3 +438,40 @@ def test_recompile_on_default_dtype():
         torch.set_default_dtype(saved)
     run_both(f, compiled, x)
     assert counter.frame_count == 2
+
+
+class Knobs:
+    SCALE = 2
+
+    @classmethod
+    def scaled(cls, x):
+        return x * cls.SCALE
+
+
+def test_recompile_on_class_attribute():
+    def f(x):
+        return x + Knobs.SCALE + Knobs.scaled(x)
+
+    compiled, counter = compiled_with_counter(f)
+    try:
+        for value in (2, 2, 5, 5):
+            Knobs.SCALE = value
+            run_both(f, compiled, torch.randn(4))
+    finally:
+        Knobs.SCALE = 2
+    assert counter.frame_count == 2
+
+
+def test_recompile_on_class_attribute_read_through_new_object():
+    def f(x):
+        knobs = Knobs()
+        return x * knobs.SCALE
+
+    compiled, counter = compiled_with_counter(f)
+    try:
+        for value in (2, 2, 7):
+            Knobs.SCALE = value
+            run_both(f, compiled, torch.randn(4))
+    finally:
+        Knobs.SCALE = 2
+    assert counter.frame_count == 2

@@ -433,3 +433,25 @@ def test_parameter_update_under_no_grad_inside_forward():
         x = torch.randn(2, 3)
         assert_same(compiled(x), ref(x))
     assert_same(mod.lin.weight, ref.lin.weight)
+
+
+def test_forward_hooks_added_after_compiling_still_run():
+    mod = MLP().eval()
+    ref = copy.deepcopy(mod)
+    compiled = ember.compile(mod, backend="eager")
+    x = torch.randn(3, 8)
+    assert_same(compiled(x), ref(x))
+    calls = []
+
+    def hook(module, inputs, output):
+        calls.append(type(module).__name__)
+        return output * 2
+
+    mod.fc1.register_forward_hook(hook)
+    ref.fc1.register_forward_hook(hook)
+    assert_same(compiled(x), ref(x))
+    assert calls == ["Linear", "Linear"]
+    handle = mod.register_forward_pre_hook(lambda m, args: (args[0] + 1,))
+    ref.register_forward_pre_hook(lambda m, args: (args[0] + 1,))
+    assert_same(compiled(x), ref(x))
+    handle.remove()

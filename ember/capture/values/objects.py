@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ember.capture.sources import AttrSource, ItemSource, ModuleEntrySource, Source
+from ember.capture.sources import AttrSource, ConstSource, ItemSource, ModuleEntrySource, Source
 from ember.capture.values.base import ConstantValue, Value
 from ember.capture.values.functions import BoundMethodValue, UserFunctionValue
 from ember.errors import BreakReason, Unsupported
