@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ember.aot import aot_eager
@@ -61,8 +61,14 @@ def _program(steps, mutate_input):
     return f
 
 
+def _layout(t: torch.Tensor) -> list[tuple[int, int]]:
+    """Strides that matter: a size-1 dimension's stride never changes which element is read."""
+    return [(n, s) for n, s in zip(t.shape, t.stride(), strict=True) if n != 1]
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(step, min_size=1, max_size=8), st.booleans())
+@example([(0, 0, False), (1, 5, False), (26, 0, True), (26, 4, True)], False)  # found in CI
 def test_random_view_mutation_programs(steps, mutate_input):
     f = _program(steps, mutate_input)
     x, y = torch.randn(4, 6, dtype=torch.float64), torch.randn(24, dtype=torch.float64)
@@ -73,5 +79,5 @@ def test_random_view_mutation_programs(steps, mutate_input):
     out = aot_eager(gm, [x.clone(), y])(x_aot, y)
     for r, o in zip(ref, out, strict=True):
         torch.testing.assert_close(o, r)
-        assert o.stride() == r.stride()
+        assert _layout(o) == _layout(r)
     torch.testing.assert_close(x_aot, x_ref)
