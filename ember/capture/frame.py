@@ -35,6 +35,7 @@ from ember.capture.resume import (
     StackSlot,
     enclosing_blocks,
     is_grad_exit,
+    live_locals,
     make_resume_function,
 )
 from ember.capture.translator import CaptureContext, RestartCapture, root_translator
@@ -77,7 +78,9 @@ def capture_call(
         if brk is not None:
             _check_resumable(fn, tracer)
             cells = _live_cells(fn, tracer)
-            live = [*tracer.stack, *tracer.locals.values(), *cells.values()]
+            names = _live_after(fn, tracer)
+            kept = {k: v for k, v in tracer.locals.items() if k in names}
+            live = [*tracer.stack, *kept.values(), *cells.values()]
         else:
             live = [result]
         outputs = live_tensors([*live, *ctx.effects.pending_values()])
@@ -98,13 +101,11 @@ def capture_call(
         code = build_replacement(fn.__code__, compiled_name, harvest, ctx.effects, result, changed)
     else:
         logs.log("graph_breaks", "graph break in %s: %s", fn.__qualname__, brk.reason)
-        # a resume function's own stack parameters are dead once its prologue has run
-        live_locals = {k: v for k, v in tracer.locals.items() if not k.startswith("___stack_")}
-        untouched = [k for k in tracer._lazy_args if not k.startswith("___stack_")]
+        untouched = [k for k in tracer._lazy_args if k in names]
         site = BreakSite(
             brk.inst,
             tracer.stack,
-            live_locals,
+            kept,
             untouched,
             tracer.kw_names,
             cells,
@@ -149,6 +150,18 @@ def _translate(fn: types.FunctionType, args: tuple, kwargs: dict, allow_break: b
             torch._C._set_grad_enabled(grad_mode)
             stop_before = (restart.steps, restart.reason)
     raise AssertionError("a restarted capture asked to restart again")
+
+
+def _live_after(fn: types.FunctionType, tracer: Any) -> frozenset[str]:
+    """The locals read after the break, wherever it continues (both sides of a branch).
+    A resume function's own stack parameters are dead once its prologue has run."""
+    inst = tracer.graph_break.inst
+    targets = [inst.index + 1] + ([inst.target] if inst.target is not None else [])
+    names: frozenset[str] = frozenset()
+    for target in targets:
+        if target < len(tracer.insts):
+            names |= live_locals(fn.__code__, tracer.insts[target].offset)
+    return frozenset(n for n in names if not n.startswith("___stack_"))
 
 
 def _live_cells(fn: types.FunctionType, tracer: Any) -> dict[str, Any]:

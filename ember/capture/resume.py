@@ -65,6 +65,62 @@ def enclosing_blocks(code: types.CodeType, inst: Inst) -> list[bool]:
     return blocks
 
 
+_UNCONDITIONAL = {
+    "JUMP_FORWARD",
+    "JUMP_BACKWARD",
+    "JUMP_BACKWARD_NO_INTERRUPT",
+    "RETURN_VALUE",
+    "RETURN_CONST",
+    "RAISE_VARARGS",
+    "RERAISE",
+}
+_JUMPS = set(dis.hasjrel) | set(dis.hasjabs)
+_live_cache: dict[types.CodeType, dict[int, frozenset[str]]] = {}
+
+
+def live_locals(code: types.CodeType, offset: int) -> frozenset[str]:
+    """The fast locals that may be read, before being assigned, from the instruction at
+    `offset` on (exception handlers count as successors). Only these travel to a resume
+    function: a dead local would cost a guard, and a dead tensor a graph output."""
+    table = _live_cache.get(code)
+    if table is None:
+        table = _live_cache[code] = _liveness(code)
+    return table.get(offset, frozenset(code.co_varnames))
+
+
+def _liveness(code: types.CodeType) -> dict[int, frozenset[str]]:
+    instrs = list(dis.get_instructions(code))
+    index = {ins.offset: n for n, ins in enumerate(instrs)}
+    handlers = dis.Bytecode(code).exception_entries
+    succs: list[list[int]] = []
+    uses: list[set[str]] = []
+    defs: list[set[str]] = []
+    for n, ins in enumerate(instrs):
+        nxt = [] if ins.opname in _UNCONDITIONAL or n + 1 == len(instrs) else [n + 1]
+        if ins.opcode in _JUMPS and ins.argval in index:
+            nxt.append(index[ins.argval])
+        nxt += [index[e.target] for e in handlers if e.start <= ins.offset < e.end]
+        succs.append(nxt)
+        name = ins.argval if isinstance(ins.argval, str) else None
+        reads = ins.opname.startswith("LOAD_FAST") or ins.opname == "MAKE_CELL"
+        uses.append({name} if reads and name else set())
+        writes = ins.opname in ("STORE_FAST", "DELETE_FAST")
+        defs.append({name} if writes and name else set())
+    live: list[set[str]] = [set() for _ in instrs]
+    changed = True
+    while changed:
+        changed = False
+        for n in reversed(range(len(instrs))):
+            out: set[str] = set()
+            for m in succs[n]:
+                out |= live[m]
+            new = uses[n] | (out - defs[n])
+            if new != live[n]:
+                live[n] = new
+                changed = True
+    return {ins.offset: frozenset(live[n]) for n, ins in enumerate(instrs)}
+
+
 def is_grad_exit(value: object) -> bool:
     """Whether a stack value is the `__exit__` of a grad-mode `with` block: the block's own
     (ExitValue) or the stand-in that a resume function receives for it."""

@@ -416,3 +416,50 @@ def test_python_module_attributes_across_break():
 
     case = Case(module_attr_program, lambda: (x0.clone(),), 1, 1, state, reset)
     check_counts(case, check_case(case))
+
+
+# ---------------------------------------------------------------- liveness
+def dead_int_local(x, n):
+    k = n * 2
+    y = x * k
+    print("dead k")
+    return y + 1
+
+
+def test_dead_locals_do_not_travel_to_the_resume_function():
+    cnt = CompileCounter()
+    compiled = ember.compile(dead_int_local, backend=cnt)
+    for n in (1, 2, 3):
+        assert_same(compiled(x0, n), dead_int_local(x0, n))
+    # the first half specializes on n three times; the resume function sees only y
+    assert cnt.frame_count == 4
+
+
+def dead_tensor_local(x):
+    tmp = x * 3
+    y = tmp.sin()
+    print("dead tmp")
+    return y
+
+
+def test_dead_tensors_are_not_graph_outputs():
+    cnt = CompileCounter()
+    compiled = ember.compile(dead_tensor_local, backend=cnt)
+    assert_same(compiled(x0), dead_tensor_local(x0))
+    output = next(n for n in cnt.graphs[0].graph.nodes if n.op == "output")
+    assert len(output.args[0]) == 1  # y, not tmp
+
+
+def live_on_one_side(x, flag):
+    a = x + 1
+    b = x + 2
+    if x.sum() > 0:
+        return a
+    return b * flag
+
+
+@pytest.mark.parametrize("sign", [1, -1])
+def test_locals_live_on_either_side_of_a_branch_travel(sign):
+    compiled = ember.compile(live_on_one_side, backend="eager")
+    for _ in range(2):
+        assert_same(compiled(x0.abs() * sign, 3), live_on_one_side(x0.abs() * sign, 3))
