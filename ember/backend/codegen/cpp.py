@@ -187,6 +187,15 @@ _COMBINE = {
     ReductionType.MAX: "ember_max({a}, {b})",
     ReductionType.MIN: "ember_min({a}, {b})",
 }
+# inner-loop steps of float max/min: a plain compare (one vmaxps); NaN is tracked apart
+_FAST_STEP = {
+    ReductionType.MAX: "({b} > {a} ? {b} : {a})",
+    ReductionType.MIN: "({b} < {a} ? {b} : {a})",
+}
+
+
+def _nan_tracked(r: ir.Reduction) -> bool:
+    return r.reduction_type in _FAST_STEP and acc_type(r).is_float
 
 
 _INT_LIMITS = {
@@ -321,8 +330,11 @@ class KernelWriter:
             self._statements(later.nodes, "      ", scalars, None)
         self.lines += ["    }", "  }", "}"]
 
-    def _statements(self, nodes, ind: str, scalars: dict[str, str], lane: str | None) -> None:
-        """Pointwise stores and reduction accumulations of one element."""
+    def _statements(
+        self, nodes, ind: str, scalars: dict[str, str], lane: str | None, fast: bool = False
+    ) -> None:
+        """Pointwise stores and reduction accumulations of one element (`fast`: float max/min
+        step with a plain compare, NaN recorded in the lane's nan_ flag)."""
         pr = BodyPrinter(self.lines, ind, dict(scalars))
         j = self.loop_index
         pr.memo.update(self.preset.get(j, {}))
@@ -334,6 +346,11 @@ class KernelWriter:
                 pr.scalars[node.name] = v
             else:
                 acc = f"acc_{node.name}[{lane}]" if lane else f"red_{node.name}"
+                if fast and _nan_tracked(node):
+                    step = _FAST_STEP[node.reduction_type].format(a=acc, b=v)
+                    self.lines.append(f"{ind}{acc} = {step};")
+                    self.lines.append(f"{ind}nan_{node.name}[l] |= ({v} != {v});")
+                    continue
                 comb = _COMBINE[node.reduction_type].format(a=acc, b=v)
                 self.lines.append(f"{ind}{acc} = {comb};")
         for e, name in self.stash.get(j, []):
@@ -357,12 +374,20 @@ class KernelWriter:
                 self.lines.append(
                     f"{ind}for (int l = 0; l < {LANES}; ++l) acc_{r.name}[l] = {init};"
                 )
+                if _nan_tracked(r):
+                    self.lines.append(f"{ind}int32_t nan_{r.name}[{LANES}] = {{0}};")
             self._inner(lp, ind, scalars, bool(reds))
             for r in reds:
                 t = VALUE_T[acc_type(r)]
                 self.lines.append(f"{ind}{t} red_{r.name} = acc_{r.name}[0];")
                 comb = _COMBINE[r.reduction_type].format(a=f"red_{r.name}", b=f"acc_{r.name}[l]")
                 self.lines.append(f"{ind}for (int l = 1; l < {LANES}; ++l) red_{r.name} = {comb};")
+                if _nan_tracked(r):
+                    nan = const_c(math.nan, acc_type(r))
+                    self.lines.append(
+                        f"{ind}for (int l = 0; l < {LANES}; ++l) "
+                        f"red_{r.name} = nan_{r.name}[l] ? {nan} : red_{r.name};"
+                    )
         for r in reds:
             scalars[r.name] = f"red_{r.name}"
             if r.name not in self.k.local:
@@ -393,7 +418,7 @@ class KernelWriter:
             self.lines.append(f"{ind}  #pragma omp simd")
             self.lines.append(f"{ind}  for (int l = 0; l < {LANES}; ++l) {{")
             self.lines.append(f"{ind}    const int64_t {last} = rb + l;")
-            self._statements(lp.nodes, ind + "    ", scalars, "l")
+            self._statements(lp.nodes, ind + "    ", scalars, "l", fast=True)
             self.lines.append(f"{ind}  }}")
             self.lines.append(f"{ind}}}")
             self.lines.append(f"{ind}for (; rb < {size}; ++rb) {{")

@@ -37,6 +37,7 @@ template <typename T> static inline T ember_max(T a, T b) { return a > b ? a : b
 template <typename T> static inline T ember_min(T a, T b) { return a < b ? a : b; }
 
 static inline float ember_expf(float x) {
+  /* exp(x) = 2^k1 * 2^k2 * e^r, k = k1 + k2 split so that subnormal results stay exact */
   const float hi = 88.72283935546875f, lo = -103.972084045410f;
   float xc = x > hi ? hi : (x < lo ? lo : x);
   xc = xc != xc ? 0.0f : xc;
@@ -51,7 +52,7 @@ static inline float ember_expf(float x) {
   p = __builtin_fmaf(p, r, 5.0000001201e-1f);
   p = __builtin_fmaf(p, r * r, r) + 1.0f;
   int32_t ki = (int32_t)k;
-  int32_t k1 = ki / 2, k2 = ki - k1;
+  int32_t k1 = ki >> 1, k2 = ki - k1;
   float s1 = ember_bits_f((uint32_t)(k1 + 127) << 23);
   float s2 = ember_bits_f((uint32_t)(k2 + 127) << 23);
   float res = p * s1 * s2;
