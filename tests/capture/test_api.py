@@ -250,3 +250,37 @@ def test_compiled_function_is_installed_as_global():
     assert entry.compiled_name in seed_f.__globals__
     assert entry.compiled_name in entry.code.co_names
     assert isinstance(entry.code, type(seed_f.__code__))
+
+
+@ember.compile(backend="eager")
+def _compiled_helper(x):
+    return x.sin() * 2
+
+
+@ember.disable
+def _python_only(x):
+    return x.cos()
+
+
+def test_compiled_function_called_from_compiled_code_is_inlined():
+    def f(x):
+        return _compiled_helper(x) + 1
+
+    counter = CompileCounter()
+    compiled = ember.compile(f, backend=counter, fullgraph=True)
+    x = torch.randn(3)
+    for _ in range(2):
+        assert_same(compiled(x), f(x))
+    assert counter.frame_count == 1
+    assert counter.op_count == 3  # sin, mul, add: one graph
+
+
+def test_disabled_function_called_from_compiled_code_runs_in_python():
+    def f(x):
+        return _python_only(x) + 1
+
+    with pytest.raises(ember.Unsupported):
+        ember.compile(f, backend="eager", fullgraph=True)(torch.randn(3))
+    compiled = ember.compile(f, backend="eager")
+    x = torch.randn(3)
+    assert_same(compiled(x), f(x))

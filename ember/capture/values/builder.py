@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ember.capture.guards import GuardKind
-from ember.capture.sources import ConstSource, ItemSource, Source
+from ember.capture.sources import AttrSource, ConstSource, ItemSource, Source
 from ember.capture.values.base import ConstantValue, Value
 from ember.capture.values.containers import DictValue, ListValue, TupleValue
 from ember.capture.values.functions import (
@@ -133,6 +133,11 @@ class ValueBuilder:
 
     def _wrap_callable_or_object(self, value: Any, source: Source) -> Value:
         guards = self.ctx.guards
+        original = getattr(value, "_ember_original", None)
+        if isinstance(value, types.FunctionType) and isinstance(original, types.FunctionType):
+            # a function compiled with ember, called from compiled code: inline its original
+            guards.add(GuardKind.ID_MATCH, source, value)
+            return self.wrap(original, AttrSource(source, "_ember_original"))
         special = self._special(value)
         if special is not None:
             guards.add(GuardKind.ID_MATCH, source, value)
@@ -140,13 +145,9 @@ class ValueBuilder:
                 special.source = source
             return special
         if isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType):
-            from ember.capture.sources import AttrSource
-
             owner = self.wrap(value.__self__, AttrSource(source, "__self__"))
             return BoundMethodValue(UserFunctionValue(value.__func__), owner, source)
         if isinstance(value, functools.partial):
-            from ember.capture.sources import AttrSource
-
             guards.add(GuardKind.TYPE_MATCH, source, type(value))
             fn = self.wrap(value.func, AttrSource(source, "func"))
             args = [
