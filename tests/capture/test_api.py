@@ -284,3 +284,29 @@ def test_disabled_function_called_from_compiled_code_runs_in_python():
     compiled = ember.compile(f, backend="eager")
     x = torch.randn(3)
     assert_same(compiled(x), f(x))
+
+
+def test_compiled_module_used_inside_compiled_function():
+    net = Net().eval()
+    inner = ember.compile(net, backend="eager")
+
+    def f(x):
+        return inner(x).relu()
+
+    counter = CompileCounter()
+    compiled = ember.compile(f, backend=counter, fullgraph=True)
+    x = torch.randn(2, 4)
+    for _ in range(2):
+        assert_same(compiled(x), f(x))
+    assert counter.frame_count == 1
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match="mode"):
+        ember.compile(seed_f, mode="fastest-please")
+    with pytest.raises(RuntimeError):
+        ember.compile(seed_f, mode="default", options={"a": 1})
+    for mode in (None, "default", "reduce-overhead", "max-autotune"):
+        compiled = ember.compile(seed_f, backend="eager", mode=mode)
+        x, y = torch.randn(4, 4), torch.randn(4, 4)
+        assert_same(compiled(x, y), seed_f(x, y))
