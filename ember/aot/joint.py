@@ -21,7 +21,13 @@ import torch.fx as fx
 
 from ember import logs
 from ember.aot.partition import partition
-from ember.aot.program import Program, begin, check_input_aliasing, run_forward
+from ember.aot.program import (
+    Program,
+    begin,
+    check_input_aliasing,
+    retry_with_dynamo,
+    run_forward,
+)
 from ember.aot.runtime import InferenceRuntime, TrainingRuntime
 from ember.aot.trace import TraceError, check_functional
 from ember.errors import BreakReason
@@ -46,6 +52,10 @@ def _differentiable(t: torch.Tensor) -> bool:
 
 def trace_joint(gm: torch.nn.Module, args: Sequence[Any]) -> JointGraph | None:
     """Trace forward and backward together; None when no output needs a gradient."""
+    return retry_with_dynamo(_trace_joint, gm, args)
+
+
+def _trace_joint(gm: torch.nn.Module, args: Sequence[Any]) -> JointGraph | None:
     tracer, program, fakes, call_args = begin(gm, args)
     with torch.enable_grad():
         graph_outs = run_forward(tracer, program, gm, fakes, call_args)
@@ -67,8 +77,7 @@ def trace_joint(gm: torch.nn.Module, args: Sequence[Any]) -> JointGraph | None:
     tangents = []
     for k in diff_outputs:
         o = graph_outs[k]
-        with tracer.fake_mode:
-            t = torch.empty(o.shape, dtype=o.dtype, device=o.device)
+        t = torch.empty(o.shape, dtype=o.dtype, device=o.device)  # meta, like o
         tracer.placeholder(f"tangents_{len(tangents) + 1}", t)
         tangents.append(t)
     with tracer.recording():
@@ -92,9 +101,10 @@ def trace_joint(gm: torch.nn.Module, args: Sequence[Any]) -> JointGraph | None:
     )
 
 
-def _example(val: torch.Tensor) -> torch.Tensor:
-    """A real tensor with the metadata of a fake one (what compile_aten gets as example)."""
-    return torch.zeros_like(torch.empty_strided(val.shape, val.stride(), dtype=val.dtype))
+def _example(val: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A real tensor with the metadata of a traced one (what compile_aten gets as example;
+    uninitialized: a backend reads layouts from examples, never values)."""
+    return torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device=device)
 
 
 def build_training(
@@ -114,8 +124,7 @@ def build_training(
     flat = joint.program.flat_inputs(args)
     check_input_aliasing(flat, joint.program.mutated)
     fwd = compile_aten(parts.forward, list(flat))
-    bwd_examples = [
-        _example(n.meta["val"]) for n in parts.backward.graph.find_nodes(op="placeholder")
-    ]
+    placeholders = parts.backward.graph.find_nodes(op="placeholder")
+    bwd_examples = [_example(n.meta["val"], joint.program.device) for n in placeholders]
     bwd = compile_aten(parts.backward, bwd_examples)
     return TrainingRuntime(joint, parts, fwd, bwd)

@@ -15,17 +15,20 @@ from __future__ import annotations
 
 import contextlib
 import enum
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.fx as fx
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from ember.aot.functionalize import ViewStep
+from ember.aot.metautil import needs_real_dynamo, no_dynamo_import
 from ember.aot.trace import TraceError, Tracer, check_functional
 from ember.errors import BreakReason
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +113,10 @@ class Program:
     num_graph_outputs: int  # user-visible graph outputs (before mutations)
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def device(self) -> torch.device:
+        return self.extra.get("device", torch.device("cpu"))
+
     def flat_inputs(self, args: Sequence[Any]) -> list[torch.Tensor]:
         tensors = [a for a, k in zip(args, self.arg_kinds, strict=True) if k == "tensor"]
         return tensors + [r.get() for r in self.state]
@@ -155,7 +162,14 @@ def begin(gm: torch.nn.Module, args: Sequence[Any]) -> tuple[Tracer, Program, li
     kinds, ints = split_args(args)
     state = lift_state(gm)
     real = [a for a in args if isinstance(a, torch.Tensor)] + [r.get() for r in state]
-    tracer = Tracer()
+    devices = {t.device for t in real}
+    if len(devices) > 1:
+        raise TraceError(
+            BreakReason.UNSUPPORTED_OBJECT,
+            f"the compiled graph's inputs live on several devices: {sorted(map(str, devices))}",
+            hint="move the inputs to one device before the compiled region",
+        )
+    tracer = Tracer(devices.pop() if devices else None)
     fakes = [tracer.to_fake(t) for t in real]
     for i, f in enumerate(fakes):
         tracer.placeholder(f"primals_{i + 1}", f)
@@ -171,6 +185,7 @@ def begin(gm: torch.nn.Module, args: Sequence[Any]) -> tuple[Tracer, Program, li
         mutated=[],
         num_graph_outputs=0,
     )
+    program.extra["device"] = tracer.device
     return tracer, program, fakes, call_args
 
 
@@ -219,6 +234,23 @@ def run_forward(
 
 def trace_inference(gm: torch.nn.Module, args: Sequence[Any]) -> Program:
     """Trace gm(*args) with grad off into one functional graph (outputs + mutated inputs)."""
+    return retry_with_dynamo(_trace_inference, gm, args)
+
+
+def retry_with_dynamo(trace: Callable[..., T], *args: Any) -> T:
+    """Trace without importing torch._dynamo; if some code needed the real module, again."""
+    try:
+        with no_dynamo_import():
+            return trace(*args)
+    except (ImportError, AttributeError) as e:
+        if not needs_real_dynamo(e):
+            raise
+    import torch._dynamo  # noqa: F401  (the traced code asked for it)
+
+    return trace(*args)
+
+
+def _trace_inference(gm: torch.nn.Module, args: Sequence[Any]) -> Program:
     tracer, program, fakes, call_args = begin(gm, args)
     with torch.no_grad():
         graph_outs = run_forward(tracer, program, gm, fakes, call_args)

@@ -5,8 +5,10 @@ forward+backward function of joint.py) and fake inputs; returns a *functional* a
 `torch.fx.Graph` whose nodes call `OpOverload`s (`torch.ops.aten.add.Tensor`) and carry
 `meta["val"]`, the fake tensor eager would have produced (shape, dtype, strides).
 
-How: a `TorchDispatchMode` (the recorder) sits above a `FakeTensorMode`. Each aten op that
-reaches the recorder runs on the fakes (so shapes and strides are PyTorch's own) and is appended
+How: a `TorchDispatchMode` (the recorder) sees every aten op on the meta tensors that stand for
+the program's tensors (metautil.py: no FakeTensorMode, so no torch._dynamo import). Each op
+runs on the meta tensors (so shapes and strides are PyTorch's own; device arguments are
+redirected to meta while it runs and recorded with the inputs' real device) and is appended
 to the graph, with tensor arguments replaced by the nodes holding their *current* values
 (functionalize.AliasTracker): in-place and `out=` ops are recorded as their functional forms
 and views of mutated tensors are regenerated. Python scalars stay constants in the graph; real
@@ -22,7 +24,6 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
@@ -34,6 +35,7 @@ from ember.aot.functionalize import (
     is_view_op,
     mutated_args,
 )
+from ember.aot.metautil import META, no_dynamo_import, to_meta
 from ember.errors import BreakReason, Unsupported
 
 aten = torch.ops.aten
@@ -45,9 +47,6 @@ class TraceError(Unsupported):
 
 def _fail(detail: str, hint: str = "") -> TraceError:
     return TraceError(BreakReason.TENSOR_OP_FAILED, detail, hint=hint)
-
-
-_DATA_DEPENDENT = ("DataDependentOutputException", "DynamicOutputShapeException")
 
 
 class _Recorder(TorchDispatchMode):
@@ -64,8 +63,8 @@ class _Recorder(TorchDispatchMode):
 class Tracer:
     """Builds one functional aten graph; holds the graph, the alias state and constants."""
 
-    def __init__(self, fake_mode: FakeTensorMode | None = None) -> None:
-        self.fake_mode = fake_mode or FakeTensorMode()
+    def __init__(self, device: torch.device | None = None) -> None:
+        self.device = device or torch.device("cpu")  # where the real tensors live
         self.graph = fx.Graph()
         self.aliases = AliasTracker(self)
         self.constants: dict[str, torch.Tensor] = {}
@@ -83,8 +82,8 @@ class Tracer:
 
     # -- inputs --------------------------------------------------------------------------------
     def to_fake(self, t: torch.Tensor) -> torch.Tensor:
-        """A fake copy of a real tensor (requires_grad and strides kept)."""
-        return self.fake_mode.from_tensor(t)
+        """The meta stand-in of a real tensor (strides, offset and requires_grad kept)."""
+        return to_meta(t)
 
     def placeholder(self, name: str, fake: torch.Tensor) -> fx.Node:
         """A graph input holding `fake`; placeholders stay in front of all other nodes."""
@@ -120,8 +119,8 @@ class Tracer:
     # -- recording -----------------------------------------------------------------------------
     @contextlib.contextmanager
     def recording(self) -> Iterator[None]:
-        """Run code whose aten ops are recorded (fake mode below, recorder above)."""
-        with self.fake_mode, _Recorder(self):
+        """Run code whose aten ops are recorded (and run on meta tensors)."""
+        with no_dynamo_import(), _Recorder(self):
             yield
 
     def value(self, t: torch.Tensor) -> fx.Node:
@@ -137,13 +136,42 @@ class Tracer:
     def _map(self, tree: Any) -> Any:
         return tree_map(lambda a: self.value(a) if isinstance(a, torch.Tensor) else a, tree)
 
+    def _record(self, tree: Any) -> Any:
+        """Arguments as the graph records them: tensors as value nodes, real devices."""
+        return self._real_device(self._map(tree))
+
     def _lift(self, tree: Any) -> Any:
         def lift(a: Any) -> Any:
-            if isinstance(a, torch.Tensor) and not isinstance(a, FakeTensor):
+            if isinstance(a, torch.Tensor) and not a.is_meta:
                 return self._constant(a)
             return a
 
         return tree_map(lift, tree)
+
+    def _on_meta(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Run an op on meta tensors: device arguments point at meta while it runs."""
+        position = _device_position(func)
+        if position is not None and position >= len(args):
+            kwargs = {**kwargs, "device": META}
+        args = tree_map(lambda a: META if isinstance(a, torch.device) else a, args)
+        try:
+            return func(*args, **kwargs)
+        except (RuntimeError, NotImplementedError) as e:
+            tags = getattr(func, "tags", ())
+            if torch.Tag.data_dependent_output in tags or torch.Tag.dynamic_output_shape in tags:
+                raise _fail(
+                    f"{func} needs the value of a tensor (data-dependent): {e}",
+                    hint="keep .item(), .tolist() and value-dependent shapes out of the "
+                    "compiled region",
+                ) from e
+            raise
+
+    def _real_device(self, tree: Any) -> Any:
+        """Recorded arguments name the real device where the program named meta."""
+        return tree_map(
+            lambda a: self.device if isinstance(a, torch.device) and a.type == "meta" else a,
+            tree,
+        )
 
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """Record one aten op and return its fake result."""
@@ -155,20 +183,11 @@ class Tracer:
                 return result
         if mutated_args(func):
             return self._record_mutation(func, args, kwargs)
-        try:
-            out = func(*args, **kwargs)
-        except Exception as e:
-            if type(e).__name__ in _DATA_DEPENDENT:
-                raise _fail(
-                    f"{func} needs the value of a tensor (data-dependent): {e}",
-                    hint="keep .item(), .tolist() and value-dependent shapes out of the "
-                    "compiled region",
-                ) from e
-            raise
+        out = self._on_meta(func, args, kwargs)
         flat_out, _ = tree_flatten(out)
         if not any(isinstance(o, torch.Tensor) for o in flat_out):
             return out
-        node = self.emit(func, self._map(args), self._map(kwargs), out)
+        node = self.emit(func, self._record(args), self._record(kwargs), out)
         if is_view_op(func):
             self._bind_views(func, args, kwargs, out, node)
         else:
@@ -205,11 +224,11 @@ class Tracer:
                 f"{func} changes a tensor's shape or strides in place",
                 hint="use the out-of-place view (e.g. x = x.t() instead of x.t_())",
             )
-        out = func(*args, **kwargs)
+        out = self._on_meta(func, args, kwargs)
         fvar = functional_variant(func)
         f_args, f_kwargs = _rebind(func, fvar, args, kwargs)
-        f_val = fvar(*f_args, **f_kwargs)
-        node = self.emit(fvar, self._map(f_args), self._map(f_kwargs), f_val)
+        f_val = self._on_meta(fvar, f_args, f_kwargs)
+        node = self.emit(fvar, self._record(f_args), self._record(f_kwargs), f_val)
         nodes = self._items(node, f_val)
         given = dict(zip([a.name for a in schema.arguments], args, strict=False)) | kwargs
         targets = [given[schema.arguments[i].name] for i in written]
@@ -235,8 +254,7 @@ class Tracer:
         val = self.fake(value)
         if val.shape != target.shape or val.dtype != target.dtype:
             current = self.value(target)
-            with self.fake_mode:
-                fake = aten.copy.default(self.fake(current), val)
+            fake = aten.copy.default(self.fake(current), val)
             value = self.emit(aten.copy.default, (current, value), {}, fake)
         self.aliases.write(target, value)
 
@@ -263,17 +281,28 @@ def _native_batch_norm(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> 
     bound = dict(zip(names, args, strict=False)) | kwargs
     if not bound.get("training") or bound.get("running_mean") is None:
         return NotImplemented
-    out = func(*args, **kwargs)
+    out = tracer._on_meta(func, args, kwargs)
     fvar = aten._native_batch_norm_legit_functional.default
     f_args = tuple(bound[n] for n in names)
-    f_val = fvar(*f_args)
-    node = tracer.emit(fvar, tracer._map(f_args), {}, f_val)
+    f_val = tracer._on_meta(fvar, f_args, {})
+    node = tracer.emit(fvar, tracer._record(f_args), {}, f_val)
     nodes = tracer._items(node, f_val)
     for o, n in zip(out, nodes[:3], strict=True):
         tracer.aliases.add_root(o, n)
     tracer._write(bound["running_mean"], nodes[3])
     tracer._write(bound["running_var"], nodes[4])
     return out
+
+
+def _device_position(func: Any) -> int | None:
+    """Schema position of `func`'s `device` argument (factory ops and copies take one)."""
+    if func not in _DEVICE_POSITION:
+        names = [a.name for a in func._schema.arguments]
+        _DEVICE_POSITION[func] = names.index("device") if "device" in names else None
+    return _DEVICE_POSITION[func]
+
+
+_DEVICE_POSITION: dict[Any, int | None] = {}
 
 
 def _rebind(func: Any, fvar: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
