@@ -60,13 +60,17 @@ def build_string(tx, inst):
 @handler(Op.LIST_APPEND)
 def list_append(tx, inst):
     value = tx.pop()
-    tx.peek(inst.arg).items.append(value)
+    target = tx.peek(inst.arg)
+    target.items.append(value)
+    tx.ctx.effects.mutated(target)  # a resume function's list under construction has a source
 
 
 @handler(Op.LIST_EXTEND)
 def list_extend(tx, inst):
     value = tx.pop()
-    tx.peek(inst.arg).items.extend(value.iterate(tx))
+    target = tx.peek(inst.arg)
+    target.items.extend(value.iterate(tx))
+    tx.ctx.effects.mutated(target)
 
 
 @handler(Op.LIST_TO_TUPLE)
@@ -94,6 +98,7 @@ def map_add(tx, inst):
     key = tx.pop()
     target = tx.peek(inst.arg)
     target.items[target._key(key)] = value
+    tx.ctx.effects.mutated(target)
 
 
 @handler(Op.DICT_UPDATE, Op.DICT_MERGE)
