@@ -73,7 +73,7 @@ def _tensor_conditions(g: Guard, scope: GuardScope) -> list[str]:
 def _equals_conditions(g: Guard, scope: GuardScope) -> list[str]:
     e = g.source.expr(scope)
     value = g.expected
-    if isinstance(value, (torch.dtype, torch.device)) or type(value) in (bool, type(None)):
+    if isinstance(value, torch.dtype) or type(value) in (bool, type(None)):  # singletons
         return [f"{e} is {scope.const(value)}"] if value is not None else [f"{e} is None"]
     same_type = f"type({e}) is {scope.const(type(value), 'T')}"
     if isinstance(value, float) and value != value:

@@ -475,3 +475,15 @@ def test_recompile_on_class_attribute_read_through_new_object():
     finally:
         Knobs.SCALE = 2
     assert counter.frame_count == 2
+
+
+def test_device_and_dtype_arguments_hit_the_cache():
+    def f(x, device, dtype):
+        return x.to(device=device, dtype=dtype) * 2
+
+    compiled, counter = compiled_with_counter(f)
+    for _ in range(3):  # torch.device objects are not singletons: equal ones must match
+        run_both(f, compiled, torch.randn(4), torch.device("cpu"), torch.float64)
+    assert counter.frame_count == 1
+    run_both(f, compiled, torch.randn(4), torch.device("cpu"), torch.float32)
+    assert counter.frame_count == 2
