@@ -487,3 +487,48 @@ def test_device_and_dtype_arguments_hit_the_cache():
     assert counter.frame_count == 1
     run_both(f, compiled, torch.randn(4), torch.device("cpu"), torch.float32)
     assert counter.frame_count == 2
+
+
+class Ops:
+    def __init__(self):
+        self.k = 2.0
+
+    def double(self, x):
+        return x * self.k
+
+    def negate(self, x):
+        return -x
+
+
+def test_recompile_on_another_method_of_the_same_object():
+    def f(fn, x):
+        return fn(x) + 1
+
+    ops = Ops()
+    compiled, counter = compiled_with_counter(f)
+    for method in (ops.double, ops.double, ops.negate, ops.negate):
+        x = torch.randn(4)
+        assert_same(compiled(method, x), f(method, x))
+    assert counter.frame_count == 2
+
+
+def test_recompile_on_partial_with_other_arguments():
+    import functools
+
+    def add(*ts, scale=1.0):
+        return sum(ts) * scale
+
+    def f(fn, x):
+        return fn(x)
+
+    compiled, counter = compiled_with_counter(f)
+    y = torch.randn(4)
+    for p in (
+        functools.partial(add, y),
+        functools.partial(add, y),
+        functools.partial(add, y, y),
+        functools.partial(add, y, scale=3.0),
+    ):
+        x = torch.randn(4)
+        assert_same(compiled(p, x), f(p, x))
+    assert counter.frame_count == 3

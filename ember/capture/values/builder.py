@@ -146,9 +146,15 @@ class ValueBuilder:
             return special
         if isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType):
             owner = self.wrap(value.__self__, AttrSource(source, "__self__"))
-            return BoundMethodValue(UserFunctionValue(value.__func__), owner, source)
+            func_source = AttrSource(source, "__func__")
+            guards.add(GuardKind.ID_MATCH, func_source, value.__func__)  # which method it is
+            return BoundMethodValue(UserFunctionValue(value.__func__, func_source), owner, source)
         if isinstance(value, functools.partial):
             guards.add(GuardKind.TYPE_MATCH, source, type(value))
+            guards.add(GuardKind.LENGTH_MATCH, AttrSource(source, "args"), (tuple, len(value.args)))
+            guards.add(
+                GuardKind.DICT_KEYS, AttrSource(source, "keywords"), (dict, list(value.keywords))
+            )
             fn = self.wrap(value.func, AttrSource(source, "func"))
             args = [
                 self.wrap(a, ItemSource(AttrSource(source, "args"), i))
