@@ -184,3 +184,24 @@ def test_inference_fast_path_still_switches_to_training():
     torch.testing.assert_close(xg.grad, 2 * x.cos())
     with pytest.raises(TypeError):
         fn(torch.randn(3), 1)  # a different arity takes the general path, like the gm would
+
+
+def test_tracing_does_not_import_dynamo():
+    """FakeTensorMode and PyTorch's Python meta kernels would import torch._dynamo (seconds of
+    first-call latency); ember.aot traces without it, inference and training alike."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch, torch.fx as fx, ember.aot\n"
+        "def f(x, w):\n"
+        "    return (torch.nn.functional.gelu(x @ w).softmax(-1),)\n"
+        "gm = fx.symbolic_trace(f)\n"
+        "x, w = torch.randn(4, 4), torch.randn(4, 4, requires_grad=True)\n"
+        "ember.aot.aot_eager(gm, [x, w.detach()])\n"
+        "ember.aot.aot_eager(gm, [x, w])(x, w)[0].sum().backward()\n"
+        "assert w.grad is not None\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
