@@ -33,6 +33,7 @@ class GuardKind(enum.Enum):
     SAME_OBJECT = "two sources hold the same tensor"
     GRAD_MODE = "torch.is_grad_enabled()"
     NO_HOOKS = "module has no forward hooks"
+    MISSING_ATTR = "an attribute the trace found missing (hasattr, getattr default) stays so"
 
 
 @dataclasses.dataclass(frozen=True, slots=True, eq=False)
@@ -110,6 +111,7 @@ _CONDITIONS: dict[GuardKind, Callable[[Guard, GuardScope], list[str]]] = {
     GuardKind.SAME_OBJECT: lambda g, s: [f"{g.source.expr(s)} is {g.expected.expr(s)}"],
     GuardKind.GRAD_MODE: lambda g, s: [f"___torch.is_grad_enabled() is {g.expected}"],
     GuardKind.NO_HOOKS: _no_hooks,
+    GuardKind.MISSING_ATTR: lambda g, s: [f"not hasattr({g.source.expr(s)}, {g.expected!r})"],
 }
 
 

@@ -532,3 +532,24 @@ def test_recompile_on_partial_with_other_arguments():
         x = torch.randn(4)
         assert_same(compiled(p, x), f(p, x))
     assert counter.frame_count == 3
+
+
+def test_recompile_when_a_missing_attribute_appears():
+    class Cfg:
+        pass
+
+    def f(x, cfg):
+        if hasattr(cfg, "scale"):
+            x = x * cfg.scale
+        return x + getattr(cfg, "shift", 0.0)
+
+    compiled, counter = compiled_with_counter(f)
+    cfg = Cfg()
+    for _ in range(2):
+        run_both(f, compiled, torch.randn(4), cfg)
+    assert counter.frame_count == 1
+    cfg.scale = 3.0
+    run_both(f, compiled, torch.randn(4), cfg)
+    cfg.shift = 1.0
+    run_both(f, compiled, torch.randn(4), cfg)
+    assert counter.frame_count == 3

@@ -137,6 +137,7 @@ def _getattr(tx, args, kwargs):
             return args[0].getattr(tx, name)
         except Unsupported as exc:
             if exc.reason is BreakReason.EXCEPTION_RAISED:
+                _guard_missing(tx, args[0], name)
                 return args[2]
             raise
     return args[0].getattr(tx, name)
@@ -144,13 +145,23 @@ def _getattr(tx, args, kwargs):
 
 @handles(hasattr)
 def _hasattr(tx, args, kwargs):
+    name = args[1].as_constant()
     try:
-        args[0].getattr(tx, args[1].as_constant())
+        args[0].getattr(tx, name)
     except Unsupported as exc:
         if exc.reason is BreakReason.EXCEPTION_RAISED:
+            _guard_missing(tx, args[0], name)
             return ConstantValue(False)
         raise
     return ConstantValue(True)
+
+
+def _guard_missing(tx: Translator, obj: Value, name: str) -> None:
+    """The trace took the branch for a missing attribute: it must stay missing."""
+    from ember.capture.guards import GuardKind
+
+    if obj.source is not None and not isinstance(obj, TensorValue):
+        tx.ctx.guards.add(GuardKind.MISSING_ATTR, obj.source, name)
 
 
 @handles(setattr, object.__setattr__)
