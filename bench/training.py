@@ -17,6 +17,7 @@ else `ember.aot.aot_eager`; the output says which. The `aot_eager` row is always
 with PyTorch's kernels running the aten graphs (what the aot stage alone costs or saves).
 
     .venv/bin/python bench/training.py [--repeats 11] [--workloads mlp,transformer]
+    .venv/bin/python bench/training.py --first-step     # cold and warm first steps
 """
 
 from __future__ import annotations
@@ -219,6 +220,39 @@ def _status_kb(field: str) -> int:
     raise KeyError(field)
 
 
+def first_step_child(workload: str, variant: str) -> None:
+    """Seconds from a fresh process's first model build to the end of its first step."""
+    torch.manual_seed(0)
+    factory, shape = WORKLOADS[workload]
+    t0 = time.perf_counter()
+    backend = ember_backend()[0] if variant == "ember" else None
+    runner = Runner(variant, factory(), torch.randn(shape), backend)
+    runner.step()
+    print(time.perf_counter() - t0)
+
+
+def first_step_latency(workloads: list[str]) -> None:
+    """Cold (empty compile caches) and warm (the caches the cold run filled) first steps, each
+    in a fresh process; imports of torch and ember happen before the clock starts."""
+    import tempfile
+
+    cache = tempfile.mkdtemp(prefix="ember-bench-cache-")
+    env = {
+        **os.environ,
+        "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache, "inductor"),
+        "EMBER_CACHE_DIR": os.path.join(cache, "ember"),
+    }
+    print(f"{'workload':12} {'variant':10} {'cold s':>8} {'warm s':>8}")
+    for w in workloads:
+        for v in VARIANTS:
+            times = []
+            for _ in ("cold", "warm"):
+                cmd = [sys.executable, os.path.abspath(__file__), "--first", w, v]
+                out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+                times.append(float(out.stdout.strip().splitlines()[-1]))
+            print(f"{w:12} {v:10} {times[0]:8.2f} {times[1]:8.2f}", flush=True)
+
+
 def memory_child(workload: str, variant: str) -> None:
     torch.manual_seed(0)
     factory, shape = WORKLOADS[workload]
@@ -275,11 +309,18 @@ def main() -> None:
     if sys.argv[1:2] == ["--memory"]:
         memory_child(sys.argv[2], sys.argv[3])
         return
+    if sys.argv[1:2] == ["--first"]:
+        first_step_child(sys.argv[2], sys.argv[3])
+        return
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=11)
     parser.add_argument("--workloads", default="mlp,transformer")
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--first-step", action="store_true", help="only cold/warm first steps")
     args = parser.parse_args()
+    if args.first_step:
+        first_step_latency(args.workloads.split(","))
+        return
     backend, backend_name = ember_backend()
     print(f"# torch {torch.__version__}, threads {torch.get_num_threads()}, ember: {backend_name}")
     rows = [
