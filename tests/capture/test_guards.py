@@ -553,3 +553,24 @@ def test_recompile_when_a_missing_attribute_appears():
     cfg.shift = 1.0
     run_both(f, compiled, torch.randn(4), cfg)
     assert counter.frame_count == 3
+
+
+SUPPORTED = {"relu", "tanh"}
+
+
+def test_global_set_membership_is_guarded():
+    def f(x, name):
+        if name in SUPPORTED:
+            return getattr(torch, name)(x)
+        return x * 2
+
+    compiled, counter = compiled_with_counter(f)
+    for _ in range(2):
+        run_both(f, compiled, torch.randn(4), "tanh")
+    assert counter.frame_count == 1
+    SUPPORTED.discard("tanh")
+    try:
+        run_both(f, compiled, torch.randn(4), "tanh")  # the set changed: not the old branch
+    finally:
+        SUPPORTED.add("tanh")
+    assert counter.frame_count == 2

@@ -17,7 +17,7 @@ import torch
 from ember.capture.guards import GuardKind
 from ember.capture.sources import AttrSource, ConstSource, ItemSource, Source
 from ember.capture.values.base import ConstantValue, Value
-from ember.capture.values.containers import DictValue, ListValue, TupleValue
+from ember.capture.values.containers import DictValue, ListValue, SetValue, TupleValue
 from ember.capture.values.functions import (
     BoundMethodValue,
     BuiltinValue,
@@ -129,6 +129,9 @@ class ValueBuilder:
         if isinstance(value, torch.nn.Module):
             guards.add(GuardKind.ID_MATCH, source, value)
             return ModuleValue(value, source)
+        if type(value) is set and all(isinstance(v, _CONSTANT_TYPES) for v in value):
+            guards.add(GuardKind.EQUALS_MATCH, source, set(value))  # a copy: later edits fail it
+            return SetValue(value, source=source)
         return self._wrap_callable_or_object(value, source)
 
     def _wrap_callable_or_object(self, value: Any, source: Source) -> Value:

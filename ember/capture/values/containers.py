@@ -339,7 +339,11 @@ class SetValue(Value):
     """A set of constants, or of objects that hash by identity (modules, tensors, plain user
     objects): the `memo` sets of nn.Module's helpers (`named_modules`, `parameters`)."""
 
-    def __init__(self, items: Any = (), values: list[Value] | None = None) -> None:
+    def __init__(
+        self, items: Any = (), values: list[Value] | None = None, source: Any = None
+    ) -> None:
+        self.source = source
+        """Set for a set reached from outside: read-only here (the ledger has no set replay)."""
         self.entries: dict[Any, Value] = {}
         for item in items:
             self.entries.setdefault(("const", item), ConstantValue(item))
@@ -395,6 +399,10 @@ class SetValue(Value):
         return MethodValue(self, name)
 
     def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
+        if self.source is not None and name in ("add", "update", "discard", "remove", "clear"):
+            raise Unsupported(
+                BreakReason.SIDE_EFFECT, f"set.{name}() on a set from outside the function"
+            )
         if name == "add":
             self.add(args[0])
         elif name == "update":
@@ -420,6 +428,8 @@ class SetValue(Value):
         return ConstantValue(None)
 
     def reconstruct(self, em: Emitter) -> None:
+        if self.source is not None:
+            return super().reconstruct(em)
         if self.is_constant():
             em.cg.load_const(frozenset(self.as_constant()))
             em.cg.build("SET", 0)
