@@ -30,7 +30,13 @@ from ember.capture.values.containers import (
     SequenceValue,
     TupleValue,
 )
-from ember.capture.values.functions import BoundMethodValue, MethodValue, UserFunctionValue
+from ember.capture.values.functions import (
+    BoundMethodValue,
+    MethodValue,
+    NestedFunctionValue,
+    RealCell,
+    UserFunctionValue,
+)
 from ember.capture.values.objects import GradModeValue, ModuleValue, UserObjectValue
 from ember.capture.values.tensor import TensorValue
 from ember.errors import BreakReason, Unsupported
@@ -195,10 +201,59 @@ def build_replacement(
     return cg.to_code()
 
 
+def _writes_free_variables(code: types.CodeType) -> bool:
+    for ins in dis.get_instructions(code):
+        if ins.opname in ("STORE_DEREF", "DELETE_DEREF") and ins.argval in code.co_freevars:
+            return True
+    return any(isinstance(c, types.CodeType) and _writes_free_variables(c) for c in code.co_consts)
+
+
+def _rebuild_nested_function(em: Emitter, value: NestedFunctionValue, site: BreakSite) -> None:
+    """A function made during capture and called at the break (a comprehension on 3.11, a
+    local helper): made again at run time, wrapped so that ember captures it. Cells of the
+    frame are passed as fresh cells holding their current contents, which is exact because
+    the function is called at once and never assigns them."""
+    cg = em.cg
+    if value.kwdefaults or _writes_free_variables(value.code):
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_OBJECT,
+            f"{value.describe()} (keyword defaults or `nonlocal` writes) cannot be made again "
+            "at a graph break",
+        )
+    cg.push_null()
+    cg.load_const(site.wrap_callee)
+    cg.push_null()
+    cg.load_const(types.FunctionType)
+    cg.load_const(value.code)
+    cg.load_const(value.f_globals)
+    cg.load_const(value.code.co_name)
+    if value.defaults:
+        em.reconstruct(TupleValue(list(value.defaults)))
+    else:
+        cg.load_const(None)
+    for cell in value.closure:
+        if isinstance(cell, RealCell):
+            cg.load_const(cell.cell)
+            continue
+        if getattr(cell, "contents", None) is None:
+            raise Unsupported(
+                BreakReason.UNSUPPORTED_OBJECT, f"{value.describe()} reads an unassigned cell"
+            )
+        cg.push_null()
+        cg.load_const(types.CellType)
+        em.reconstruct(cell.contents)
+        cg.call(1)
+    cg.build("TUPLE", len(value.closure))
+    cg.call(5)
+    cg.call(1)
+
+
 def _reconstruct_callee(em: Emitter, value: Value, site: BreakSite) -> None:
     """The callable of the call that broke: user functions go through ember again."""
     if isinstance(value, UserFunctionValue):
         em.cg.load_const(site.wrap_callee(value.fn))
+    elif isinstance(value, NestedFunctionValue):
+        _rebuild_nested_function(em, value, site)
     elif isinstance(value, BoundMethodValue) and isinstance(value.fn, UserFunctionValue):
         em.cg.push_null()
         em.cg.load_const(types.MethodType)
@@ -291,10 +346,16 @@ def build_break_replacement(
     effects.replay(em)
     stack, inst = site.stack, site.inst
     slots = [_slot(v) for v in stack]
-    callee_at = len(stack) - inst.arg - 1 if inst.op is Op.CALL else -1
+    callee_at = -1
+    if inst.op is Op.CALL:  # [NULL, callable, args] or [callable, self, args]
+        callee_at = len(stack) - inst.arg - 1
+        if not isinstance(stack[callee_at - 1], NullValue):
+            callee_at -= 1
+    elif inst.op is Op.CALL_FUNCTION_EX:
+        callee_at = len(stack) - 2 - (inst.arg & 1)
     operands = len(stack) - _operand_count(inst)
     for i in range(operands, len(stack)):  # what CPython consumes is passed whole
-        if slots[i].kind is not Slot.NULL:
+        if slots[i].kind is Slot.METHOD:
             slots[i] = StackSlot(Slot.VALUE)
     for i, value in enumerate(stack):
         kind = slots[i].kind
@@ -344,6 +405,8 @@ def build_break_replacement(
             cg.push_null()
         else:
             cg.load_fast(break_temp(i))
+            if slots[i].kind is Slot.ITERATOR:
+                cg.emit("GET_ITER")
     _emit_unsupported(cg, inst, site.kw_names)
     rest = slots[:base]
     if pushes:

@@ -224,6 +224,12 @@ def _build(
     stack_names = [stack_param(i) for i, slot in enumerate(slots) if slot.kind is not Slot.NULL]
     prologue = [e for e in entries[:body_start] if isinstance(e, Instr)]
     copied_head = len(prologue)
+    params = [
+        name if name.isidentifier() else f"___local_{i}" for i, name in enumerate(local_names)
+    ]
+    for param, name in zip(params, local_names):
+        if param != name:  # `@py_assert1` (pytest's rewritten asserts) cannot be a parameter
+            prologue += [Instr("LOAD_FAST", param), Instr("STORE_FAST", name)]
     for i, slot in enumerate(slots):
         if slot.kind is Slot.NULL:
             prologue.append(Instr("PUSH_NULL"))
@@ -245,7 +251,7 @@ def _build(
     resume.argcount = len(stack_names) + len(local_names)
     resume.posonlyargcount = 0
     resume.kwonlyargcount = 0
-    resume.argnames = stack_names + list(local_names)
+    resume.argnames = stack_names + params
     new_code = resume.to_code()
     _origins[new_code] = _Origin(code, copied_head - len(prologue), len(prologue))
     return types.FunctionType(new_code, fn.__globals__, new_code.co_name, None, fn.__closure__)

@@ -240,9 +240,10 @@ class Translator:
                 exc.user_stack.append(f"{where} in {self.code.co_name}: {text}")
                 if checkpoint is None:
                     raise
-                if not self._restore(checkpoint):
-                    # the instruction recorded mutations (an inlined call that broke part-way):
-                    # capture again from the start and stop before it
+                if len(exc.user_stack) > 1 or not self._restore(checkpoint):
+                    # an inlined call broke part-way (it may have advanced iterators or
+                    # filled containers it shares with this frame), or the instruction
+                    # recorded mutations: capture again from the start and stop before it
                     raise RestartCapture(self._steps - 1, exc) from exc
                 self.graph_break = GraphBreak(inst, exc)
                 return None
@@ -367,9 +368,18 @@ def root_translator(
     stop_before: tuple[int, Unsupported] | None = None,
 ) -> Translator:
     """The translator of the function being compiled, its arguments wrapped on first use."""
-    real = inspect.signature(fn).bind(*args, **kwargs)
-    real.apply_defaults()
-    lazy = dict(real.arguments)
+    code = fn.__code__
+    if (
+        not kwargs
+        and len(args) == code.co_argcount
+        and not code.co_kwonlyargcount
+        and not (code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS))
+    ):  # plain positional call (also of `.0`, a comprehension's parameter)
+        lazy = dict(zip(code.co_varnames, args))
+    else:
+        real = inspect.signature(fn).bind(*args, **kwargs)
+        real.apply_defaults()
+        lazy = dict(real.arguments)
     cells: dict[str, Any] = {}
     for index, (name, cell) in enumerate(zip(fn.__code__.co_freevars, fn.__closure__ or ())):
         cells[name] = RealCell(cell, CellSource(name, index))

@@ -417,7 +417,7 @@ INLINE_CASES = [
     Case(calls_inner_kwargs, lambda: (t(),), 1, 2),
     Case(calls_inner_varargs, lambda: (t(),), 2, 2),
     Case(calls_closure, lambda: (t(),), 2, 2),
-    Case(calls_lambda_with_break, lambda: (t(),), 0, 0, eager=1),
+    Case(calls_lambda_with_break, lambda: (t(),), 3, 2),
 ]
 
 
