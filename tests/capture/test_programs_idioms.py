@@ -345,3 +345,30 @@ def test_global_containers_mutated():
     assert SEEN == [3]
     compiled(x)  # the dict now has the key and the list is longer: a new capture
     assert SEEN == [3, 3] and list(MEMO) == ["k"]
+
+
+def test_list_grown_while_iterating_is_visited():
+    def f(x):
+        queue = [x]
+        for t in queue:
+            if len(queue) < 4:
+                queue.append(t * 2)
+        it = iter(queue)
+        queue.append(x - 1)
+        return queue, list(it)
+
+    check_against_eager(f, x4(), frames=1)
+
+
+def test_fresh_list_stored_on_argument_and_returned_is_one_object():
+    class Box:
+        pass
+
+    def f(x, box):
+        box.items = [x * 2]
+        return box.items
+
+    compiled = ember.compile(f, backend="eager", fullgraph=True)
+    box = Box()
+    out = compiled(x4(), box)
+    assert out is box.items

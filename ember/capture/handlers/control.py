@@ -7,7 +7,7 @@ import types
 from ember.bytecode import Op
 from ember.capture.handlers import handler
 from ember.capture.values.base import ConstantValue, Value
-from ember.capture.values.containers import IteratorValue
+from ember.capture.values.containers import IteratorValue, iterator_over
 from ember.capture.values.objects import GradModeValue, UserObjectValue
 from ember.errors import BreakReason, Unsupported
 
@@ -61,8 +61,7 @@ handler(Op.JUMP_IF_FALSE_OR_POP)(_jump_or_pop(False))
 
 @handler(Op.GET_ITER)
 def get_iter(tx, inst):
-    value = tx.pop()
-    tx.push(value if isinstance(value, IteratorValue) else IteratorValue(value.iterate(tx)))
+    tx.push(iterator_over(tx, tx.pop()))
 
 
 @handler(Op.FOR_ITER)

@@ -26,6 +26,7 @@ from ember.capture.values.containers import (
     SetValue,
     SliceValue,
     TupleValue,
+    iterator_over,
 )
 from ember.capture.values.functions import PartialValue
 from ember.capture.values.tensor import TensorValue, tensor_op
@@ -198,9 +199,7 @@ def _reversed(tx, args, kwargs):
 
 @handles(iter)
 def _iter(tx, args, kwargs):
-    if isinstance(args[0], IteratorValue):
-        return args[0]
-    return IteratorValue(args[0].iterate(tx))
+    return iterator_over(tx, args[0])
 
 
 @handles(next)

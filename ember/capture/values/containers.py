@@ -195,7 +195,7 @@ class ListValue(SequenceValue):
         elif name == "sort" and self.is_constant():
             self._mutate(tx)
             kw = {k: v.as_constant() for k, v in kwargs.items()}
-            self.items = [ConstantValue(v) for v in sorted(self.as_constant(), **kw)]
+            self.items[:] = [ConstantValue(v) for v in sorted(self.as_constant(), **kw)]
         else:
             return super().call_method(tx, name, args, kwargs)
         return ConstantValue(None)
@@ -484,3 +484,13 @@ class IteratorValue(Value):
         rest = self.items[self.position :]
         self.position = len(self.items)
         return rest
+
+
+def iterator_over(tx: Translator, value: Value) -> IteratorValue:
+    """`iter(value)`. A list's iterator reads the list itself, as CPython's does, so items
+    appended while looping are visited (a work queue); other iterables are snapshots."""
+    if isinstance(value, IteratorValue):
+        return value
+    if isinstance(value, ListValue):
+        return IteratorValue(value.items)
+    return IteratorValue(value.iterate(tx))
