@@ -1,7 +1,7 @@
 """The joint forward+backward trace, and the assembly of a training callable.
 
-Trace: run the gm's forward on fake tensors under ember's recorder (trace.py), then call
-`torch.autograd.grad` on the fake outputs with fake tangents, still under the recorder, so
+Trace: run the gm's forward on meta tensors under ember's recorder (trace.py), then call
+`torch.autograd.grad` on the meta outputs with meta tangents, still under the recorder, so
 every op of PyTorch's own backward formulas lands in the same functional graph. No derivative
 table lives in ember: what PyTorch's autograd does in eager is what the graph contains.
 

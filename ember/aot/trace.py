@@ -1,9 +1,10 @@
-"""ember's dispatch-level tracer: run a program on fake tensors and record every aten op.
+"""ember's dispatch-level tracer: run a program on meta tensors and record every aten op.
 
 Takes any Python callable over tensors (a torch-level fx.GraphModule, or the joint
-forward+backward function of joint.py) and fake inputs; returns a *functional* aten-level
-`torch.fx.Graph` whose nodes call `OpOverload`s (`torch.ops.aten.add.Tensor`) and carry
-`meta["val"]`, the fake tensor eager would have produced (shape, dtype, strides).
+forward+backward function of joint.py) and meta stand-ins for its inputs; returns a
+*functional* aten-level `torch.fx.Graph` whose nodes call `OpOverload`s
+(`torch.ops.aten.add.Tensor`) and carry `meta["val"]`, a meta tensor with what eager would
+have produced (shape, dtype, strides).
 
 How: a `TorchDispatchMode` (the recorder) sees every aten op on the meta tensors that stand for
 the program's tensors (metautil.py: no FakeTensorMode, so no torch._dynamo import). Each op
@@ -50,7 +51,7 @@ def _fail(detail: str, hint: str = "") -> TraceError:
 
 
 class _Recorder(TorchDispatchMode):
-    """Forwards every aten op to the tracer; the op itself then runs on the fake mode below."""
+    """Forwards every aten op to the tracer, which runs it on meta tensors and records it."""
 
     def __init__(self, tracer: Tracer) -> None:
         super().__init__()
@@ -104,7 +105,7 @@ class Tracer:
         return node
 
     def _constant(self, t: torch.Tensor) -> torch.Tensor:
-        """Make a real tensor met during tracing a graph constant; returns its fake."""
+        """Make a real tensor met during tracing a graph constant; returns its meta stand-in."""
         fake = self._const_ids.get(id(t))
         if fake is None:
             name = f"_ember_constant{len(self.constants)}"
@@ -174,7 +175,7 @@ class Tracer:
         )
 
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        """Record one aten op and return its fake result."""
+        """Record one aten op and return its (meta) result."""
         args, kwargs = self._lift((args, kwargs))
         special = _SPECIAL.get(func)
         if special is not None:
