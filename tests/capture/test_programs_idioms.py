@@ -372,3 +372,11 @@ def test_fresh_list_stored_on_argument_and_returned_is_one_object():
     box = Box()
     out = compiled(x4(), box)
     assert out is box.items
+
+
+def test_comprehension_variable_shadowing_an_unread_argument():
+    # 3.12 inlines comprehensions: the argument `i` is saved and restored around the loop
+    def f(x, i):
+        return [x * i for i in range(3)], x * i
+
+    check_against_eager(f, x4(), 5, frames=1)

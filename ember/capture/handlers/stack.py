@@ -21,6 +21,8 @@ def load_fast(tx, inst):
 def load_fast_and_clear(tx, inst):
     # 3.12 inlined comprehensions save the outer variable (or NULL) and clear it
     name = inst.argval
+    if name in tx._lazy_args:  # an argument not read yet: it is saved like any local
+        tx.load_local(name)
     tx.push(tx.locals.pop(name, NULL))
 
 
