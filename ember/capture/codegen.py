@@ -208,7 +208,9 @@ def _writes_free_variables(code: types.CodeType) -> bool:
     return any(isinstance(c, types.CodeType) and _writes_free_variables(c) for c in code.co_consts)
 
 
-def _rebuild_nested_function(em: Emitter, value: NestedFunctionValue, site: BreakSite) -> None:
+def _rebuild_nested_function(
+    em: Emitter, value: NestedFunctionValue, site: BreakSite, compiled: bool = True
+) -> None:
     """A function made during capture and called at the break (a comprehension on 3.11, a
     local helper): made again at run time, wrapped so that ember captures it. Cells of the
     frame are passed as fresh cells holding their current contents, which is exact because
@@ -220,8 +222,9 @@ def _rebuild_nested_function(em: Emitter, value: NestedFunctionValue, site: Brea
             f"{value.describe()} (keyword defaults or `nonlocal` writes) cannot be made again "
             "at a graph break",
         )
-    cg.push_null()
-    cg.load_const(site.wrap_callee)
+    if compiled:
+        cg.push_null()
+        cg.load_const(site.wrap_callee)
     cg.push_null()
     cg.load_const(types.FunctionType)
     cg.load_const(value.code)
@@ -245,7 +248,8 @@ def _rebuild_nested_function(em: Emitter, value: NestedFunctionValue, site: Brea
         cg.call(1)
     cg.build("TUPLE", len(value.closure))
     cg.call(5)
-    cg.call(1)
+    if compiled:
+        cg.call(1)
 
 
 def _reconstruct_callee(em: Emitter, value: Value, site: BreakSite) -> None:
@@ -365,6 +369,9 @@ def build_break_replacement(
             em.reconstruct(TupleValue(value.items[value.position :]))
         elif kind is Slot.METHOD:
             em.reconstruct(value.receiver)
+        elif isinstance(value, NestedFunctionValue) and i >= operands:
+            # a function argument of the broken call (`sorted(xs, key=lambda v: ...)`)
+            _rebuild_nested_function(em, value, site, compiled=False)
         elif isinstance(value, ExitValue) and isinstance(value.manager, GradModeValue):
             cg.load_const(leave_grad_block(value.manager.saved[-1]))
         elif kind is Slot.VALUE:

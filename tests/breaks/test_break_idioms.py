@@ -158,6 +158,36 @@ def append_print_result(x):
     return x * sum(lst)
 
 
+def sorted_with_key_lambda(x):
+    rows = list(x)
+    k = 2.0
+    best = sorted(rows, key=lambda r: (r * k).sum().item())
+    return torch.stack(best) + 1
+
+
+def max_with_key_closure(x):
+    offset = 0.5
+
+    def score(r):
+        return float((r + offset).abs().sum())
+
+    return max(list(x), key=score) * 2
+
+
+def map_with_lambda_then_print(x):
+    scaled = list(map(lambda r: r * 3, x))
+    print(len(scaled))
+    return torch.stack(scaled)
+
+
+def local_helper_called_twice(x):
+    def step(y):
+        print("step")
+        return y * 2
+
+    return step(step(x)) + 1
+
+
 CASES = [
     Case(star_kwargs_to_breaking_helper, one, 1, 2, _g_state, _g_reset, eager=0),
     Case(
@@ -192,6 +222,12 @@ CASES = [
     Case(sorted_tolist, one, 2, 1, _g_state, _g_reset, eager=0),
     Case(tensor_of_tolist, one, 1, 1, _g_state, _g_reset, eager=0),
     Case(append_print_result, one, 1, 1, _g_state, _g_reset, eager=0),
+    Case(sorted_with_key_lambda, one, 2, 1, _g_state, _g_reset),
+    Case(max_with_key_closure, one, 2, 1, _g_state, _g_reset),
+    Case(map_with_lambda_then_print, one, 2, 1, _g_state, _g_reset),
+    # the outer step() waits on the stack while the inner one breaks: a function made during
+    # capture that is still needed after the break is not rebuilt, the frame runs eagerly
+    Case(local_helper_called_twice, one, 0, 0, _g_state, _g_reset, eager=1),
 ]
 
 
