@@ -78,10 +78,10 @@ class AotFunction:
         return tuple(parts)
 
     def runtime_for(self, args: Sequence[Any]) -> Callable[[Sequence[Any]], Any]:
+        split_args(args)  # refuses symbolic sizes clearly (they do not hash)
         key = self.key(args)
         runtime = self._cache.get(key)
         if runtime is None:
-            split_args(args)  # rejects symbolic sizes clearly
             training = any(k is True for k in key)
             runtime = self._build(args, training)
             self._cache[key] = runtime
@@ -100,7 +100,10 @@ class AotFunction:
                 needs_grad = True
             if not needs_grad:
                 return fast(*args)
-        runtime = self._cache.get(self.key(args))
+        try:
+            runtime = self._cache.get(self.key(args))
+        except TypeError:  # an unhashable argument: runtime_for says what is wrong
+            runtime = None
         if runtime is None:
             runtime = self.runtime_for(args)
         return runtime(args)
