@@ -205,3 +205,9 @@ def test_tracing_does_not_import_dynamo():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_symbolic_sizes_refused_clearly():
+    f = torch.compile(lambda x: (x * 2).sum(0), backend=aot_eager, dynamic=True)
+    with pytest.raises(Exception, match="symbolic sizes reached ember's aot tracer"):
+        f(torch.randn(3, 4))
