@@ -455,3 +455,45 @@ def test_forward_hooks_added_after_compiling_still_run():
     ref.register_forward_pre_hook(lambda m, args: (args[0] + 1,))
     assert_same(compiled(x), ref(x))
     handle.remove()
+
+
+MORE_LAYERS = [
+    ("conv1d", lambda: nn.Conv1d(3, 4, 3, padding=1), lambda: torch.randn(2, 3, 8)),
+    ("group_norm", lambda: nn.GroupNorm(2, 4), lambda: torch.randn(2, 4, 5)),
+    ("rms_norm", lambda: nn.RMSNorm(8), lambda: torch.randn(2, 8)),
+    (
+        "flatten_unflatten",
+        lambda: nn.Sequential(nn.Flatten(), nn.Unflatten(1, (2, 4)), nn.Identity()),
+        lambda: torch.randn(3, 8),
+    ),
+    ("upsample", lambda: nn.Upsample(scale_factor=2), lambda: torch.randn(1, 2, 4, 4)),
+    ("lstm", lambda: nn.LSTM(4, 6, batch_first=True), lambda: torch.randn(2, 5, 4)),
+    ("gru", lambda: nn.GRU(4, 6, num_layers=2), lambda: torch.randn(5, 2, 4)),
+    (
+        "transformer_encoder_layer",
+        lambda: nn.TransformerEncoderLayer(8, 2, 16, batch_first=True, dropout=0.0),
+        lambda: torch.randn(2, 5, 8),
+    ),
+    (
+        "conv_transpose",
+        lambda: nn.ConvTranspose2d(2, 3, 2, stride=2),
+        lambda: torch.randn(1, 2, 4, 4),
+    ),
+    ("prelu", nn.PReLU, lambda: torch.randn(3, 4)),
+]
+
+
+@pytest.mark.parametrize(
+    ("make", "make_input"), [c[1:] for c in MORE_LAYERS], ids=[c[0] for c in MORE_LAYERS]
+)
+def test_more_layers(make, make_input):
+    check_module(make().eval(), make_input())
+
+
+def test_rnn_weights_replaced_between_calls():
+    mod = nn.LSTM(4, 6).eval()
+    compiled = ember.compile(mod, backend="eager", fullgraph=True)
+    x = torch.randn(3, 2, 4)
+    assert_same(compiled(x), mod(x))
+    mod.weight_ih_l0 = nn.Parameter(torch.randn_like(mod.weight_ih_l0))
+    assert_same(compiled(x), mod(x))

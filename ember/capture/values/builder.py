@@ -8,8 +8,10 @@ folded itself: no source, no guard.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import types
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -129,6 +131,9 @@ class ValueBuilder:
         if isinstance(value, torch.nn.Module):
             guards.add(GuardKind.ID_MATCH, source, value)
             return ModuleValue(value, source)
+        if type(value) is weakref.ReferenceType:
+            guards.add(GuardKind.TYPE_MATCH, source, weakref.ReferenceType)
+            return WeakRefValue(value, source)
         if type(value) is set and all(isinstance(v, _CONSTANT_TYPES) for v in value):
             guards.add(GuardKind.EQUALS_MATCH, source, set(value))  # a copy: later edits fail it
             return SetValue(value, source=source)
@@ -229,6 +234,55 @@ class ValueBuilder:
         if isinstance(value, frozenset):
             return ConstantValue(value)
         return self.wrap(value, ConstSource(value, f"{type(value).__name__} {id(value):#x}"))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WeakRefCallSource(Source):
+    """`ref()`: the object a weak reference points to (nn.RNN keeps its weights so)."""
+
+    base: Source
+
+    def name(self) -> str:
+        return f"{self.base.name()}()"
+
+    def expr(self, scope: Any) -> str:
+        return f"{self.base.expr(scope)}()"
+
+    def emit(self, cg: Any) -> None:
+        cg.push_null()
+        self.base.emit(cg)
+        cg.call(0)
+
+
+class WeakRefValue(Value):
+    """A weakref.ref: reached from the frame (calling it reads its referent, guarded) or made
+    during capture (`weakref.ref(w)`, rebuilt by calling weakref.ref again after the graph)."""
+
+    def __init__(
+        self,
+        ref: weakref.ReferenceType | None,
+        source: Source | None,
+        referent: Value | None = None,
+    ) -> None:
+        self.ref = ref
+        self.source = source
+        self.referent = referent
+
+    def python_type(self) -> type:
+        return weakref.ReferenceType
+
+    def call(self, tx, args, kwargs) -> Value:
+        if self.referent is not None:
+            return self.referent
+        return tx.ctx.builder.wrap(self.ref(), WeakRefCallSource(self.source))
+
+    def reconstruct(self, em: Any) -> None:
+        if self.source is not None:
+            return super().reconstruct(em)
+        em.cg.push_null()
+        em.cg.load_const(weakref.ref)
+        em.reconstruct(self.referent)
+        em.cg.call(1)
 
 
 class GradModeClassValue(Value):

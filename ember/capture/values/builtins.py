@@ -13,6 +13,7 @@ import functools
 import itertools
 import math
 import operator
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -414,6 +415,15 @@ def _ordered_dict(tx, args, kwargs):
     result = _dict(tx, args, kwargs)
     result.dict_type = collections.OrderedDict
     return result
+
+
+@handles(weakref.ref)
+def _weakref(tx, args, kwargs):
+    from ember.capture.values.builder import WeakRefValue
+
+    if len(args) != 1 or kwargs:
+        raise Unsupported(BreakReason.UNSUPPORTED_CALL, "weakref.ref with a callback")
+    return WeakRefValue(None, None, referent=args[0])
 
 
 @handles(dataclasses.fields)
