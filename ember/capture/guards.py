@@ -238,6 +238,8 @@ def build_guard_function(guards: GuardSet, fn: types.FunctionType) -> GuardFunct
     add(_no_aliasing(guards, scope))
     # Factory calls without a dtype (torch.zeros(n)) were traced under this default.
     add([f"___torch.get_default_dtype() is {scope.const(torch.get_default_dtype())}"])
+    # Entering or leaving autocast changes result dtypes: the entry is only valid as traced.
+    add([f"___torch._C._is_any_autocast_enabled() is {torch._C._is_any_autocast_enabled()}"])
     names = dict(scope.names)
     names.update(___G=fn.__globals__, ___closure=fn.__closure__, ___torch=torch)
     names["___hooks"] = torch.nn.modules.module

@@ -380,3 +380,46 @@ def test_comprehension_variable_shadowing_an_unread_argument():
         return [x * i for i in range(3)], x * i
 
     check_against_eager(f, x4(), 5, frames=1)
+
+
+def test_autocast_region_is_refused_not_mistraced():
+    # the trace runs on meta tensors without autocast's dtype changes: capturing the region
+    # would bake float32 metadata for bfloat16 values, so it is refused (eager result)
+    def f(x, w):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = x @ w
+        return y.float(), y.dtype
+
+    x, w = torch.randn(3, 4), torch.randn(4, 2)
+    with pytest.raises(ember.Unsupported) as info:
+        ember.compile(f, backend="eager", fullgraph=True)(x, w)
+    assert "autocast" in str(info.value)
+    compiled = ember.compile(f, backend="eager")
+    for _ in range(2):
+        assert_same(compiled(x, w), f(x, w))
+
+
+def test_compiled_function_called_inside_autocast_matches_eager():
+    def f(x, w):
+        return (x @ w).float()
+
+    compiled = ember.compile(f, backend="eager", fullgraph=True)
+    x, w = torch.randn(3, 4), torch.randn(4, 2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = f(x, w)
+        for _ in range(2):
+            assert_same(compiled(x, w), expected)
+
+
+def test_entering_autocast_recompiles():
+    def f(x, w):
+        y = x @ w
+        return y.float(), y.dtype
+
+    counter = CompileCounter()
+    compiled = ember.compile(f, backend=counter, fullgraph=True)
+    x, w = torch.randn(3, 4), torch.randn(4, 2)
+    assert_same(compiled(x, w), f(x, w))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        compiled(x, w)
+    assert counter.frame_count == 2
