@@ -150,7 +150,7 @@ class BreakSite:
     kw_names: tuple[str, ...]
     cells: dict[str, Value]
     """Contents of the frame's own cells (locals captured by nested functions)."""
-    make_resume: Callable[[int, list[StackSlot], list[str]], str]
+    make_resume: Callable[..., str]
     """(target index, stack slots, local names) -> installed global name."""
     wrap_callee: Callable[[Any], Any]
     """Wrap a user function so that, run in Python at the break, it is compiled by ember."""
@@ -386,17 +386,28 @@ def build_break_replacement(
         em.reconstruct(value)
         cg.store_fast(cell_temp(name))
     local_names = list(site.locals) + site.untouched_args + list(site.cells)
+    # the resume function is called in the mode the frame was entered in (see make_resume)
+    entry_mode = None if site.grad_mode is None else not site.grad_mode
     if inst.op in _JUMP_CONDITIONS:
         rest = slots[:-1]
+        _set_grad_mode(cg, entry_mode)
         cg.load_fast(break_temp(len(stack) - 1))
         taken = cg.label()
         cg.pop_jump_if(_JUMP_CONDITIONS[inst.op], taken)
         _call_resume(
-            cg, site.make_resume(inst.index + 1, rest, local_names), rest, local_names, site.cells
+            cg,
+            site.make_resume(inst.index + 1, rest, local_names, site.grad_mode),
+            rest,
+            local_names,
+            site.cells,
         )
         cg.place(taken)
         _call_resume(
-            cg, site.make_resume(inst.target, rest, local_names), rest, local_names, site.cells
+            cg,
+            site.make_resume(inst.target, rest, local_names, site.grad_mode),
+            rest,
+            local_names,
+            site.cells,
         )
         return cg.to_code()
     if not can_resume_after(inst):
@@ -419,8 +430,13 @@ def build_break_replacement(
     if pushes:
         cg.store_fast(break_temp(base))
         rest = [*rest, StackSlot(Slot.VALUE)]
+    _set_grad_mode(cg, entry_mode)
     _call_resume(
-        cg, site.make_resume(inst.index + 1, rest, local_names), rest, local_names, site.cells
+        cg,
+        site.make_resume(inst.index + 1, rest, local_names, site.grad_mode),
+        rest,
+        local_names,
+        site.cells,
     )
     return cg.to_code()
 

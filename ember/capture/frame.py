@@ -219,8 +219,9 @@ def _install_resume(
     target: int,
     slots: list[StackSlot],
     local_names: list[str],
+    grad_mode: bool | None = None,
 ) -> str:
-    resume = make_resume_function(fn, target, slots, local_names, tracer.insts)
+    resume = make_resume_function(fn, target, slots, local_names, tracer.insts, grad_mode)
     options = getattr(wrap, "keywords", {}).get("opts", wrap)
     key = (resume, id(options))
     name = _installed.get(key)

@@ -182,18 +182,23 @@ def make_resume_function(
     slots: list[StackSlot],
     local_names: list[str],
     insts: list[Inst],
+    grad_mode: bool | None = None,
 ) -> types.FunctionType:
-    """A function that continues `fn` at instruction index `target` (of `insts`)."""
+    """A function that continues `fn` at instruction index `target` (of `insts`). With
+    `grad_mode`, its prologue sets that grad mode first: a break inside a grad-mode block
+    calls it in the mode outside the block, so that its graph starts where its callers'
+    graphs start and switches the mode itself (as a graph captured whole would)."""
     code = fn.__code__
     ordinal = _ordinal(insts, target)
     origin = _origins.get(code)
     if origin is not None and ordinal >= origin.prologue:
         code, ordinal = origin.code, ordinal + origin.shift
     cells = tuple(map(id, fn.__closure__ or ()))  # the made function keeps them alive
-    key = (code, ordinal, tuple(slots), tuple(local_names), cells, id(fn.__globals__))
+    key = (code, ordinal, tuple(slots), tuple(local_names), cells, id(fn.__globals__), grad_mode)
     made = _made.get(key)
     if made is None:
-        made = _made[key] = _build(fn, code, ordinal, slots, local_names, insts[target].offset)
+        offset = insts[target].offset
+        made = _made[key] = _build(fn, code, ordinal, slots, local_names, offset, grad_mode)
     return made
 
 
@@ -204,6 +209,7 @@ def _build(
     slots: list[StackSlot],
     local_names: list[str],
     offset: int,
+    grad_mode: bool | None = None,
 ) -> types.FunctionType:
     """Copy `code`, with a prologue that pushes the stack slots back and jumps to the
     instruction of the given ordinal. Cell variables stay cells: live ones arrive as
@@ -230,6 +236,15 @@ def _build(
     for param, name in zip(params, local_names):
         if param != name:  # `@py_assert1` (pytest's rewritten asserts) cannot be a parameter
             prologue += [Instr("LOAD_FAST", param), Instr("STORE_FAST", name)]
+    if grad_mode is not None:  # torch.set_grad_enabled(mode) as a statement
+        prologue += [
+            Instr("PUSH_NULL"),
+            Instr("LOAD_CONST", torch.set_grad_enabled),
+            Instr("LOAD_CONST", grad_mode),
+            *([] if PY312 else [Instr("PRECALL", 1)]),
+            Instr("CALL", 1),
+            Instr("POP_TOP"),
+        ]
     for i, slot in enumerate(slots):
         if slot.kind is Slot.NULL:
             prologue.append(Instr("PUSH_NULL"))

@@ -71,9 +71,28 @@ def _run(fn: Callable[..., Any], case: Case) -> tuple[Any, tuple, Any, str, bool
     return result, args, state, out.getvalue(), torch.is_grad_enabled()
 
 
-def check_case(case: Case, runs: int = 2, compiled: Callable[..., Any] | None = None) -> Record:
+class CountingBackend(CompileCounter):
+    """Counts graphs like CompileCounter, and compiles them with a real backend."""
+
+    def __init__(self, backend: str) -> None:
+        super().__init__()
+        from ember.backends import lookup
+
+        self.backend = lookup(backend)
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
+        super().__call__(gm, example_inputs)
+        return self.backend(gm, example_inputs)
+
+
+def check_case(
+    case: Case,
+    runs: int = 2,
+    compiled: Callable[..., Any] | None = None,
+    backend: str | None = None,
+) -> Record:
     """Differential check of one case; returns the record for further assertions."""
-    counter = CompileCounter()
+    counter = CompileCounter() if backend is None else CountingBackend(backend)
     if compiled is None:
         compiled = ember.compile(case.fn, backend=counter)
     entries: list[CacheEntry] = []

@@ -183,6 +183,15 @@ def test_break_in_grad_mode_block(case, outer):
     assert torch.is_grad_enabled() is outer
 
 
+@pytest.mark.parametrize("case", GRAD_CASES, ids=ids(GRAD_CASES))
+def test_break_in_grad_mode_block_through_aot(case):
+    """The same programs through AOT autograd: each resume function is called in the grad
+    mode outside the block and switches it in its graph, as a whole graph would."""
+    record = check_case(case, backend="aot_eager")
+    check_counts(case, record)
+    assert torch.is_grad_enabled()
+
+
 def test_grad_mode_restored_when_the_broken_call_raises():
     def boom():
         raise ValueError("boom")
