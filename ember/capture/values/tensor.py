@@ -228,10 +228,21 @@ def _tensor_devices(values: list[Value]) -> list[torch.device]:
     return found
 
 
+def _op_name(target: Any) -> str:
+    return target if isinstance(target, str) else getattr(target, "__name__", repr(target))
+
+
 def tensor_op(
     tx: Translator, kind: str, target: Any, args: list[Value], kwargs: dict[str, Value]
 ) -> Value:
     """Record a torch call as a graph node and return the symbolic result."""
+    if torch._C._is_any_autocast_enabled():
+        # meta tensors do not follow autocast's dtype policy: the trace would be wrong
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_CALL,
+            f"{_op_name(target)} under torch.autocast is not captured",
+            hint="call the compiled function outside the autocast region",
+        )
     ex_args = [example_arg(a) for a in args]
     ex_kwargs = {k: example_arg(v) for k, v in kwargs.items()}
     name = target if isinstance(target, str) else getattr(target, "__name__", repr(target))
