@@ -4,6 +4,12 @@ The generated code object has the user function's signature and closure layout. 
 `__compiled_fn_N` from the function's globals, stages the graph inputs by reloading their
 sources, calls it, keeps the output tuple in a local, replays the side-effect ledger, rebuilds
 the return value from graph outputs, constants, sources and fresh containers, and returns.
+
+At a graph break (`build_break_replacement`) it runs the graph, sets the grad mode of the break
+point, replays the ledger, rebuilds the stack and the live locals, runs the one instruction
+ember could not trace in CPython (a call, a jump on a tensor, a subscript, an attribute
+store...), goes back to the entry grad mode and returns what the resume function returns.
+User functions called at the break go through ember again.
 """
 
 from __future__ import annotations

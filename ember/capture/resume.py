@@ -5,6 +5,13 @@ that were on the stack (`___stack_i`, NULLs are pushed back by position) followe
 locals; its body pushes the stack back and jumps into a copy of the original bytecode. The
 break's replacement code calls it, and it goes through ember's cache like any function, so the
 code after a break is captured too.
+
+Resume functions are made once per (original code, place, stack layout, locals): a break that
+recurs in a loop, or in a resume function, continues in the same one. Only locals live after
+the break travel; cells travel as their contents; methods as their receivers; grad-mode
+`with` blocks keep their handlers in the copied code and get an `__exit__` that restores the
+outer mode. Whether a break can resume at all (try blocks, other context managers) is decided
+from the exception table (`enclosing_blocks`).
 """
 
 from __future__ import annotations
