@@ -108,6 +108,11 @@ def _helper_that_prints(x):
     return x + 1
 
 
+def u_range_of_tensor(x):
+    n = x.sum().int()
+    return [x * i for i in range(n)]  # BREAK
+
+
 def u_tensor_format(x):
     return f"{x}"  # BREAK
 
@@ -127,6 +132,7 @@ CASES = [
     (u_nonzero, BreakReason.DATA_DEPENDENT_OP, lambda: (torch.randn(2, 3),)),
     (u_inner_function_breaks, BreakReason.UNSUPPORTED_CALL, lambda: (torch.randn(2, 3),)),
     (u_tensor_format, BreakReason.TENSOR_TO_PYTHON, lambda: (torch.randn(2, 3),)),
+    (u_range_of_tensor, BreakReason.TENSOR_TO_PYTHON, lambda: (torch.ones(3),)),
 ]
 
 

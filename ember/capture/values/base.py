@@ -19,8 +19,12 @@ if TYPE_CHECKING:
     from ember.capture.translator import Translator
 
 
-class NotConstant(Exception):
-    """Raised by `as_constant` when a value is not known while tracing."""
+class NotConstant(Unsupported):
+    """Raised by `as_constant` when a value is not known while tracing: an Unsupported, so
+    a construct that needs a Python value (range(n), a dict key) ends the capture cleanly."""
+
+    def __init__(self, description: str, reason: BreakReason = BreakReason.UNSUPPORTED_OBJECT):
+        super().__init__(reason, f"{description} is needed as a Python value here")
 
 
 class Value:

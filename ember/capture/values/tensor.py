@@ -110,6 +110,11 @@ class TensorValue(Value):
     def python_type(self) -> type:
         return self.python_cls
 
+    def as_constant(self) -> Any:
+        from ember.capture.values.base import NotConstant
+
+        raise NotConstant(self.describe(), BreakReason.TENSOR_TO_PYTHON)
+
     def truth(self, tx: Translator) -> bool:
         raise Unsupported(
             BreakReason.DATA_DEPENDENT_BRANCH,
