@@ -463,3 +463,32 @@ def test_locals_live_on_either_side_of_a_branch_travel(sign):
     compiled = ember.compile(live_on_one_side, backend="eager")
     for _ in range(2):
         assert_same(compiled(x0.abs() * sign, 3), live_on_one_side(x0.abs() * sign, 3))
+
+
+def test_ember_logs_environment_variable(tmp_path):
+    """EMBER_LOGS=graph_breaks,side_effects, read at import, logs each break with its reason
+    and place and each replayed mutation, on stderr."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "program.py"
+    script.write_text(
+        "import torch, ember\n"
+        "def f(x, out):\n"
+        "    out.append(1)\n"
+        "    y = x * 2\n"
+        "    print('mid')\n"
+        "    return y\n"
+        "ember.compile(f, backend='eager')(torch.ones(2), [])\n"
+    )
+    env = {**os.environ, "EMBER_LOGS": "graph_breaks,side_effects"}
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "mid\n"
+    assert "[ember.graph_breaks]" in done.stderr
+    assert BreakReason.UNSUPPORTED_CALL.value in done.stderr
+    assert "program.py:5" in done.stderr
+    assert "[ember.side_effects] replay contents of L['out']" in done.stderr
