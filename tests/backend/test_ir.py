@@ -105,3 +105,36 @@ def test_generated_code_matches_interpreter(rows, cols, op, reduce_dim):
     got = compile_aten(gm, [x])(x)
     for a, b in zip(got, oracle):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_schedule_and_kernels_log_channels():
+    import logging
+
+    from ember import logs
+
+    class Keep(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__(logging.DEBUG)
+            self.text: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.text.append(f"{record.name}: {record.getMessage()}")
+
+    def fn(x):
+        return torch.softmax(x - 3, -1)
+
+    x = torch.randn(3, 5)
+    keep = Keep()
+    loggers = [logs.get("schedule"), logs.get("kernels")]
+    for lg in loggers:
+        lg.addHandler(keep)
+        lg.setLevel(logging.DEBUG)
+    try:
+        compile_aten(aten_graph(fn, x), [x])
+    finally:
+        for lg in loggers:
+            lg.removeHandler(keep)
+            lg.setLevel(logging.WARNING)
+    text = "\n".join(keep.text)
+    assert "ember.schedule: " in text and "kernel0 outer=[3]" in text
+    assert "ember.kernels: " in text and 'extern "C" void kernel0' in text
