@@ -497,3 +497,30 @@ def test_rnn_weights_replaced_between_calls():
     assert_same(compiled(x), mod(x))
     mod.weight_ih_l0 = nn.Parameter(torch.randn_like(mod.weight_ih_l0))
     assert_same(compiled(x), mod(x))
+
+
+class ForwardsArgs(nn.Module):
+    """Arguments forwarded with *args/**kwargs into a child's keyword-only parameters."""
+
+    class Inner(nn.Module):
+        def forward(self, x, scale=1.0, *, bias=None, **extra):
+            out = x * scale
+            if bias is not None:
+                out = out + bias
+            return out + len(extra)
+
+    def __init__(self):
+        super().__init__()
+        self.inner = self.Inner()
+
+    def forward(self, x, *args, **kwargs):
+        return self.inner(x, *args, **kwargs)
+
+
+def test_args_and_kwargs_forwarded_through_modules():
+    mod = ForwardsArgs()
+
+    def f(x, b):
+        return mod(x, 2.0, bias=b, flag=True), mod(x), mod(x, **{"scale": 3.0})
+
+    check_against_eager(f, torch.randn(3), torch.randn(3), frames=1)
