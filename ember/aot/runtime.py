@@ -130,8 +130,9 @@ class TrainingRuntime:
         self.diff_set = set(joint.diff_outputs)
         self.grad_inputs = joint.grad_inputs
         out_vals = next(iter(joint.gm.graph.find_nodes(op="output"))).meta["val"]
+        device = self.program.device  # traced values are meta tensors
         self.tangent_specs = [
-            (out_vals[k].shape, out_vals[k].dtype, out_vals[k].device) for k in self.diff_outputs
+            (out_vals[k].shape, out_vals[k].dtype, device) for k in self.diff_outputs
         ]
         n_saved = len(parts.saved)
         backward_inputs = list(parts.backward.graph.find_nodes(op="placeholder"))[:n_saved]
