@@ -85,6 +85,7 @@ class _CompiledFunction(torch.autograd.Function):
         n_out = runtime.num_fwd_outputs
         user, saved = list(outs[:n_out]), list(outs[n_out:])
         ctx.runtime = runtime
+        ctx.set_materialize_grads(False)  # unused outputs' zeros are made only where needed
         ctx.save_for_backward(*saved)
         non_diff = [o for k, o in enumerate(user) if k not in runtime.diff_set]
         ctx.mark_non_differentiable(*[o for o in non_diff if isinstance(o, torch.Tensor)])
