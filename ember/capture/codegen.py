@@ -353,7 +353,6 @@ def build_break_replacement(
     em = Emitter(cg, harvest.output_index)
     _call_graph(cg, compiled_name, harvest)
     _set_grad_mode(cg, site.grad_mode)
-    effects.replay(em)
     stack, inst = site.stack, site.inst
     slots = [_slot(v) for v in stack]
     callee_at = -1
@@ -385,12 +384,19 @@ def build_break_replacement(
         else:
             continue
         cg.store_fast(break_temp(i))
-    for name, value in site.locals.items():
-        em.reconstruct(value)
-        cg.store_fast(name)
+    # Everything the frame holds is rebuilt before the replay (it may read state the replay
+    # changes: `old = v.data; v.data = ...`); locals go through temps, since the replay may
+    # reach objects through the frame's original locals.
     for name, value in site.cells.items():
         em.reconstruct(value)
         cg.store_fast(cell_temp(name))
+    for j, value in enumerate(site.locals.values()):
+        em.reconstruct(value)
+        cg.store_fast(f"___local_tmp{j}")
+    effects.replay(em)
+    for j, name in enumerate(site.locals):
+        cg.load_fast(f"___local_tmp{j}")
+        cg.store_fast(name)
     local_names = list(site.locals) + site.untouched_args + list(site.cells)
     # the resume function is called in the mode the frame was entered in (see make_resume)
     entry_mode = None if site.grad_mode is None else not site.grad_mode
