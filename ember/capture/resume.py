@@ -24,9 +24,10 @@ import types
 from collections.abc import Callable
 
 import torch
-from bytecode import Bytecode, Instr, Label
+from bytecode import Bytecode, Instr, Label, TryBegin
 
 from ember.bytecode import PY312, Inst
+from ember.errors import BreakReason, Unsupported
 
 
 class Slot(enum.Enum):
@@ -209,6 +210,22 @@ def make_resume_function(
     return made
 
 
+def _keep_handler_depths(code: types.CodeType, entries: list) -> None:
+    """Give the copied try blocks the stack depths of the original exception table (the
+    `bytecode` package recomputes them from the entry, which in a resume function jumps into
+    the middle of the code and yields nonsense)."""
+    table = dis.Bytecode(code).exception_entries
+    blocks = [e for e in entries if isinstance(e, TryBegin)]
+    if len(blocks) != len(table):
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_OPCODE,
+            "the exception table of this function cannot be copied into a resume function",
+        )
+    for block, entry in zip(blocks, table):
+        block.stack_depth = entry.depth
+        block.push_lasti = entry.lasti
+
+
 def _build(
     fn: types.FunctionType,
     code: types.CodeType,
@@ -223,6 +240,7 @@ def _build(
     parameters, which the copied MAKE_CELL instructions turn into fresh cells."""
     original = Bytecode.from_code(code)
     entries = list(original)
+    _keep_handler_depths(code, entries)
     body_start = next(
         n + 1 for n, e in enumerate(entries) if isinstance(e, Instr) and e.name == "RESUME"
     )
@@ -274,6 +292,8 @@ def _build(
     resume.posonlyargcount = 0
     resume.kwonlyargcount = 0
     resume.argnames = stack_names + params
-    new_code = resume.to_code()
+    # the copied try blocks keep their original depths (the prologue rebuilds that stack;
+    # recomputing them from the jump into the middle of the code gives nonsense)
+    new_code = resume.to_code(compute_exception_stack_depths=False)
     _origins[new_code] = _Origin(code, copied_head - len(prologue), len(prologue))
     return types.FunctionType(new_code, fn.__globals__, new_code.co_name, None, fn.__closure__)

@@ -570,3 +570,36 @@ def test_long_while_loop_of_breaks_does_not_exhaust_the_stack():
     for _ in range(2):
         assert_same(compiled(torch.zeros(1)), f(torch.zeros(1)))
     assert cnt.frame_count <= 3  # the first graph and the loop's resume functions, reused
+
+
+def raise_in_block_after_resume(x, fail):
+    with torch.no_grad():
+        y = x * 2
+        record_mode("in")
+        match [2]:  # a break ember cannot resume after: the resume function runs eagerly
+            case [a]:
+                y = y * a
+        z = (y + 1) * check(fail)  # raises with values on the stack above the block's
+    return z
+
+
+def check(fail):
+    if fail:
+        raise ValueError("late")
+    return 1
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_exception_in_a_resumed_grad_block_runs_its_handler(fail):
+    """The resume function's copy of the block keeps the handler with the original stack
+    depth: the exception leaves the block (grad mode restored) and reaches the caller."""
+    compiled = ember.compile(raise_in_block_after_resume, backend="eager")
+    for _ in range(2):
+        if fail:
+            with pytest.raises(ValueError, match="late"):
+                compiled(leaf()[0], True)
+        else:
+            assert_same(compiled(leaf()[0], False), raise_in_block_after_resume(leaf()[0], False))
+        assert torch.is_grad_enabled()
+    resumed = [k[0] for k, c in cache._caches.items() if c.eager_reason is not None]
+    assert any(code.co_name.startswith("__resume_") for code in resumed)
