@@ -394,3 +394,22 @@ MORE = [
 @pytest.mark.parametrize(("fn", "makers"), MORE, ids=[_name(c[0]) for c in MORE])
 def test_more_programs(fn, makers):
     check_against_eager(fn, *[make() for make in makers], frames=1)
+
+
+def test_value_read_before_a_replayed_store_survives_a_graph_break(capsys):
+    import ember
+
+    def f(v, x):
+        old = v.data
+        v.data = x * 2
+        print("graph break here")
+        return old, v.data
+
+    compiled = ember.compile(f, backend="eager")
+    for _ in range(2):
+        x = x4()
+        v_eager, v_compiled = Vec(torch.ones(4)), Vec(torch.ones(4))
+        from ember.testing import assert_same
+
+        assert_same(compiled(v_compiled, x), f(v_eager, x))
+        assert_same(v_compiled.data, v_eager.data)
