@@ -229,16 +229,18 @@ def _materialized(tx: Translator, value: Value) -> Value:
     return TupleValue(value.iterate(tx)) if isinstance(value, IteratorValue) else value
 
 
-class BuiltinValue(Value):
-    """A function implemented in C or a pure helper: run through the builtins table, or
-    folded when it is pure and all arguments are constants."""
+class _FunctionObjectValue(Value):
+    """A function known by identity (a builtin or a torch function): a constant that is
+    rebuilt by loading the object itself; calls go through the builtins table first."""
+
+    kind = "function"
 
     def __init__(self, fn: Any, source=None) -> None:
         self.fn = fn
         self.source = source
 
     def describe(self) -> str:
-        return f"builtin {_name(self.fn)}"
+        return f"{self.kind} {_name(self.fn)}"
 
     def python_type(self) -> type:
         return type(self.fn)
@@ -249,12 +251,35 @@ class BuiltinValue(Value):
     def as_constant(self) -> Any:
         return self.fn
 
+    def getattr(self, tx: Translator, name: str) -> Value:
+        if name in ("__name__", "__qualname__", "__module__"):
+            return ConstantValue(getattr(self.fn, name))
+        return super().getattr(tx, name)
+
+    def reconstruct(self, em: Emitter) -> None:
+        em.cg.load_const(self.fn)
+
     def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
-        from ember.capture.values.builtins import BUILTINS, is_pure
+        from ember.capture.values.builtins import BUILTINS
 
         handler = BUILTINS.get(self.fn)
         if handler is not None:
             return handler(tx, args, kwargs)
+        return self.call_unlisted(tx, args, kwargs)
+
+    def call_unlisted(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        raise NotImplementedError
+
+
+class BuiltinValue(_FunctionObjectValue):
+    """A function implemented in C or a pure helper: run through the builtins table, or
+    folded when it is pure and all arguments are constants."""
+
+    kind = "builtin"
+
+    def call_unlisted(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        from ember.capture.values.builtins import is_pure
+
         if is_pure(self.fn):  # iterators of constants are consumed as the call would
             args = [_materialized(tx, a) for a in args]
         if is_pure(self.fn) and all_constant(args) and all_constant(list(kwargs.values())):
@@ -276,14 +301,6 @@ class BuiltinValue(Value):
             "region or wrap the tensor work around it",
         )
 
-    def getattr(self, tx: Translator, name: str) -> Value:
-        if name in ("__name__", "__qualname__", "__module__"):
-            return ConstantValue(getattr(self.fn, name))
-        return super().getattr(tx, name)
-
-    def reconstruct(self, em: Emitter) -> None:
-        em.cg.load_const(self.fn)
-
 
 # torch functions that change global state or leave the graph: refused, never traced.
 _REFUSED_TORCH = {
@@ -296,40 +313,14 @@ _REFUSED_TORCH = {
 }
 
 
-class TorchFunctionValue(Value):
+class TorchFunctionValue(_FunctionObjectValue):
     """A torch / torch.nn.functional function: its call becomes a graph node."""
 
-    def __init__(self, fn: Any, source=None) -> None:
-        self.fn = fn
-        self.source = source
+    kind = "torch function"
 
-    def describe(self) -> str:
-        return f"torch function {_name(self.fn)}"
-
-    def python_type(self) -> type:
-        return type(self.fn)
-
-    def is_constant(self) -> bool:
-        return True
-
-    def as_constant(self) -> Any:
-        return self.fn
-
-    def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
-        from ember.capture.values.builtins import BUILTINS
+    def call_unlisted(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
         from ember.capture.values.tensor import tensor_op
 
-        handler = BUILTINS.get(self.fn)
-        if handler is not None:
-            return handler(tx, args, kwargs)
         if self.fn in _REFUSED_TORCH:
             raise Unsupported(BreakReason.UNSUPPORTED_CALL, _REFUSED_TORCH[self.fn])
         return tensor_op(tx, "call_function", self.fn, args, kwargs)
-
-    def getattr(self, tx: Translator, name: str) -> Value:
-        if name in ("__name__", "__qualname__", "__module__"):
-            return ConstantValue(getattr(self.fn, name))
-        return super().getattr(tx, name)
-
-    def reconstruct(self, em: Emitter) -> None:
-        em.cg.load_const(self.fn)
