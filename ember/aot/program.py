@@ -24,9 +24,9 @@ import torch.fx as fx
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from ember.aot.functionalize import ViewStep
-from ember.aot.metautil import needs_real_dynamo, no_dynamo_import
 from ember.aot.trace import TraceError, Tracer, check_functional
 from ember.errors import BreakReason
+from ember.meta import needs_real_dynamo, no_dynamo_import
 
 T = TypeVar("T")
 

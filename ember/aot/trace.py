@@ -7,7 +7,7 @@ forward+backward function of joint.py) and meta stand-ins for its inputs; return
 have produced (shape, dtype, strides).
 
 How: a `TorchDispatchMode` (the recorder) sees every aten op on the meta tensors that stand for
-the program's tensors (metautil.py: no FakeTensorMode, so no torch._dynamo import). Each op
+the program's tensors (ember/meta.py: no FakeTensorMode, so no torch._dynamo import). Each op
 runs on the meta tensors (so shapes and strides are PyTorch's own; device arguments are
 redirected to meta while it runs and recorded with the inputs' real device) and is appended
 to the graph, with tensor arguments replaced by the nodes holding their *current* values
@@ -36,8 +36,8 @@ from ember.aot.functionalize import (
     is_view_op,
     mutated_args,
 )
-from ember.aot.metautil import META, no_dynamo_import, to_meta
 from ember.errors import BreakReason, Unsupported
+from ember.meta import META, no_dynamo_import, to_meta
 
 aten = torch.ops.aten
 

@@ -15,8 +15,8 @@ import torch
 
 from ember.capture.guards import GuardKind, GuardSet
 from ember.capture.sources import Source
-from ember.capture.values.meta import to_meta
 from ember.capture.values.tensor import TensorValue
+from ember.meta import to_meta
 
 
 @dataclasses.dataclass(slots=True)

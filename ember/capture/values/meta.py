@@ -4,37 +4,21 @@ Capture needs each op's result metadata (dtype, shape, strides, requires_grad) a
 own errors, never data. Meta tensors give exactly that without FakeTensorMode, whose first use
 imports all of torch._dynamo (seconds on this machine) and would make ember's first call as slow
 as torch.compile's. The one thing a meta tensor forgets is its real device, so symbolic tensors
-carry it separately and device arguments are redirected to meta while an op runs.
+carry it separately and device arguments are redirected to meta while an op runs. The meta
+tensors and the stand-in for torch._dynamo are shared with ember.aot (ember/meta.py).
 """
 
 from __future__ import annotations
 
-import contextlib
-import sys
-import types
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map
 
-_META = torch.device("meta")
+from ember.meta import META as _META
+from ember.meta import needs_real_dynamo, no_dynamo_import
+
 _DEVICE_MOVES = frozenset(["cpu", "cuda", "xpu", "mps"])
-
-
-def to_meta(real: torch.Tensor) -> torch.Tensor:
-    """A meta tensor with `real`'s dtype, shape, strides, offset and requires_grad."""
-    storage = max(
-        (real.storage_offset() + sum((s - 1) * st for s, st in zip(real.shape, real.stride())) + 1)
-        if real.numel()
-        else 0,
-        0,
-    )
-    base = torch.empty(storage, dtype=real.dtype, device=_META)
-    meta = base.as_strided(real.shape, real.stride(), real.storage_offset())
-    if real.requires_grad:
-        meta.requires_grad_(True)
-    return meta
 
 
 def _redirect(value: Any) -> Any:
@@ -49,40 +33,13 @@ def _device_arg(value: Any) -> torch.device | None:
     return None
 
 
-def _undisabled(fn: Any, recursive: bool = True, wrapping: bool = True) -> Any:
-    return fn
-
-
-@contextlib.contextmanager
-def _without_dynamo_import() -> Iterator[None]:
-    """PyTorch's Python meta kernels are wrapped in `torch._disable_dynamo`, which imports
-    all of torch._dynamo on a kernel's first call only to mark it "not to be traced by Dynamo"
-    (about a second here, more than ember's whole capture). While a meta kernel runs, a
-    stand-in module answers that one call with the function itself. The stand-in is removed
-    afterwards; a later real `import torch._dynamo` is unaffected. No-op once Dynamo is loaded."""
-    if "torch._dynamo" in sys.modules:
-        yield
-        return
-    stand_in = types.ModuleType("torch._dynamo", "ember: stands in while meta kernels run")
-    stand_in.disable = _undisabled
-    sys.modules["torch._dynamo"] = stand_in
-    torch._dynamo = stand_in
-    try:
-        yield
-    finally:
-        if sys.modules.get("torch._dynamo") is stand_in:
-            del sys.modules["torch._dynamo"]
-        if torch.__dict__.get("_dynamo") is stand_in:
-            del torch._dynamo
-
-
 def run_on_meta(kind: str, target: Any, args: list, kwargs: dict) -> Any:
     """Call `target` (a function, or a method name for call_method) on meta examples."""
     try:
-        with _without_dynamo_import():
+        with no_dynamo_import():
             return _call(kind, target, args, kwargs)
     except (ImportError, AttributeError) as exc:
-        if "_dynamo" not in str(exc):
+        if not needs_real_dynamo(exc):
             raise
     return _call(kind, target, args, kwargs)  # the kernel needed the real torch._dynamo
 

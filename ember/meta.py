@@ -1,4 +1,4 @@
-"""Meta tensors for tracing, without importing torch._dynamo.
+"""Meta tensors for tracing, without importing torch._dynamo (shared by capture and aot).
 
 The tracer runs every aten op on meta tensors: they carry dtype, shape, strides and
 requires_grad (autograd works on them), never data. FakeTensorMode would do the same but its
@@ -9,7 +9,7 @@ while ember traces, a stand-in `torch._dynamo` answers `disable(fn)` with `fn` i
 stand-in leaves when tracing ends; a later real `import torch._dynamo` is unaffected.
 
 A meta tensor forgets its device: the tracer keeps the inputs' real device and redirects
-device arguments to meta while an op runs (see trace.py).
+device arguments to meta while an op runs (see aot/trace.py and capture/values/meta.py).
 """
 
 from __future__ import annotations
