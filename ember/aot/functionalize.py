@@ -103,7 +103,8 @@ def functional_variant(func: OpOverload) -> OpOverload:
     writes = frozenset(mutated_args(func))
     if is_inplace(func):
         names = _arg_names(func)
-        found = _find_overload(base[:-1], names, overload)
+        dunder = base.startswith("__i") and base.endswith("__")  # __ilshift__ -> __lshift__
+        found = _find_overload(f"__{base[3:]}" if dunder else base[:-1], names, overload)
     else:  # out= style: drop the written kwarg-only args
         names = _arg_names(func, writes)
         found = _find_overload(base, names, "default")

@@ -221,6 +221,8 @@ class Tracer:
         schema = func._schema
         written = mutated_args(func)
         if is_inplace(func) and is_view_op(functional_variant(func)):
+            if self._sole_intermediate(args[0]):
+                return self._rebind_view(func, args, kwargs)
             raise _fail(
                 f"{func} changes a tensor's shape or strides in place",
                 hint="use the out-of-place view (e.g. x = x.t() instead of x.t_())",
@@ -243,6 +245,27 @@ class Tracer:
             nodes = nodes[n_orig:]
         for t, n in zip(targets, nodes, strict=True):
             self._write(t, n)
+        return out
+
+    def _sole_intermediate(self, t: Any) -> bool:
+        """A tensor made inside the graph that nothing else views (matmul's decomposition
+        squeezes such a result in place): changing its layout in place is then the same as
+        rebinding it to the out-of-place view."""
+        aliases = self.aliases
+        if not isinstance(t, torch.Tensor) or not aliases.known(t):
+            return False
+        key = id(t)
+        if aliases.root_of(t) != key or aliases.root_value[key].op == "placeholder":
+            return False
+        return not any(i.root == key for k, i in aliases.info.items() if k != key)
+
+    def _rebind_view(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        fvar = functional_variant(func)
+        f_args, f_kwargs = _rebind(func, fvar, args, kwargs)
+        f_val = self._on_meta(fvar, f_args, f_kwargs)
+        node = self.emit(fvar, self._record(f_args), self._record(f_kwargs), f_val)
+        out = self._on_meta(func, args, kwargs)  # the meta tensor takes the new layout
+        self.aliases.add_root(out, node)
         return out
 
     def _items(self, node: fx.Node, val: Any) -> list[fx.Node]:

@@ -211,3 +211,26 @@ def test_symbolic_sizes_refused_clearly():
     f = torch.compile(lambda x: (x * 2).sum(0), backend=aot_eager, dynamic=True)
     with pytest.raises(Exception, match="symbolic sizes reached ember's aot tracer"):
         f(torch.randn(3, 4))
+
+
+def _shift_in_place(b):
+    b <<= 1
+    return b
+
+
+def _vector_matmul_no_grad(x, w):
+    with torch.no_grad():
+        return x @ w
+
+
+@pytest.mark.parametrize(
+    "fn,args",
+    [
+        (_shift_in_place, [torch.arange(6)]),  # aten.__ilshift__ -> __lshift__ + copy back
+        # matmul's decomposition squeezes its own intermediate in place (squeeze_)
+        (_vector_matmul_no_grad, [torch.randn(3), torch.randn(3, 2)]),
+    ],
+    ids=["ilshift", "vector_matmul_no_grad"],
+)
+def test_in_place_dunders_and_in_place_views_of_intermediates(fn, args):
+    _check(fn, args)
