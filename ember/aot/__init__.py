@@ -54,6 +54,13 @@ class AotFunction:
         self._cache: dict[tuple[Any, ...], Callable[[Sequence[Any]], Any]] = {}
         self._fast: Callable[..., Any] | None = None
         self._fast_arity = -1
+        self.enables_grad = isinstance(gm, torch.fx.GraphModule) and any(
+            n.op == "call_function" and n.target is torch._C._set_grad_enabled and n.args[0]
+            for n in gm.graph.nodes
+        )
+        """The graph turns grad mode on itself (`with torch.enable_grad()` inside the
+        compiled region): then inputs that require grad matter even when called under
+        no_grad."""
 
     def _build(self, args: Sequence[Any], training: bool) -> Callable[[Sequence[Any]], Any]:
         if training:
@@ -69,7 +76,7 @@ class AotFunction:
 
     def key(self, args: Sequence[Any]) -> tuple[Any, ...]:
         """Which inputs need grad (under grad mode) and the values of non-tensor inputs."""
-        grad = torch.is_grad_enabled()
+        grad = torch.is_grad_enabled() or self.enables_grad
         parts: list[Any] = [
             (grad and a.requires_grad) if isinstance(a, torch.Tensor) else ("v", a) for a in args
         ]
@@ -83,9 +90,16 @@ class AotFunction:
         runtime = self._cache.get(key)
         if runtime is None:
             training = any(k is True for k in key)
-            runtime = self._build(args, training)
+            if training and not torch.is_grad_enabled():
+                # grad is off outside and on inside the graph: autograd.Function outputs
+                # would not require grad, so the torch-level graph runs as it is
+                logs.log("aot", "graph enables grad under no_grad: running it uncompiled")
+                runtime = _run_torch_level(self.gm)
+            else:
+                runtime = self._build(args, training)
             self._cache[key] = runtime
-            if isinstance(runtime, InferenceRuntime) and runtime.simple and self._fast is None:
+            fast_ok = self._fast is None and not self.enables_grad
+            if isinstance(runtime, InferenceRuntime) and runtime.simple and fast_ok:
                 # tensors in, the graph's outputs out, nothing to copy back: the compiled
                 # callable is the whole call whenever no gradient is needed
                 self._fast, self._fast_arity = runtime.compiled, len(args)
@@ -107,6 +121,13 @@ class AotFunction:
         if runtime is None:
             runtime = self.runtime_for(args)
         return runtime(args)
+
+
+def _run_torch_level(gm: torch.nn.Module) -> Callable[[Sequence[Any]], Any]:
+    def run(args: Sequence[Any]) -> Any:
+        return gm(*args)
+
+    return run
 
 
 def _log_graph(kind: str, program: Program) -> None:
