@@ -132,8 +132,17 @@ class _Writer:
         outs = [("None" if o is None else self.view(o.buffer, o.layout)) for o in g.outputs]
         self.body.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
         consts = {name for name, _ in g.constants}
-        sig = ", ".join(b.name for b in g.inputs if b.name not in consts)
-        return "\n".join(self.header + ["", f"def call({sig}):"] + self.body) + "\n"
+        params = [b.name for b in g.inputs if b.name not in consts]
+        # call_boxed takes the list of inputs and empties it, so each input is freed at its
+        # last use (the aot runtime's boxed convention, used for backward graphs)
+        unpack = f"    {', '.join(params)}{',' if len(params) == 1 else ''} = args"
+        boxed = (
+            ["def call_boxed(args):", unpack, "    args.clear()"]
+            if params
+            else ["def call_boxed(args):"]
+        )
+        lines = self.header + ["", f"def call({', '.join(params)}):", *self.body, ""]
+        return "\n".join(lines + boxed + self.body) + "\n"
 
 
 def _op_source(op: Any) -> str:
@@ -167,4 +176,7 @@ def instantiate(source: str, kernels: dict[str, Any], constants: dict[str, Any])
     }
     scope.update({f"_{name}": fn for name, fn in kernels.items()})
     exec(compile(source, "<ember wrapper>", "exec"), scope)
-    return scope["call"]
+    call = scope["call"]
+    call.boxed_call = True  # the aot runtime then calls run_boxed(list) where it can
+    call.run_boxed = scope["call_boxed"]
+    return call

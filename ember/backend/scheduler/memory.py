@@ -2,8 +2,8 @@
 
 A buffer dies after the last step that reads it; its storage goes to a pool keyed by
 (element count, dtype) and the next kernel output with the same key takes it instead of
-allocating. Graph outputs never die, inputs are not ours, and fallback results may alias
-their inputs, so none of those are pooled.
+allocating. Graph outputs never die; inputs and fallback results (which may alias their
+inputs) are never pooled.
 """
 
 from __future__ import annotations
@@ -40,7 +40,10 @@ def step_reads(step) -> set[str]:
 def plan(s: Schedule) -> Plan:
     g = s.graph
     buffers = g.buffer_map()
-    keep = output_buffers(g) | {b.name for b in g.inputs}
+    # inputs die at their last read too: a boxed caller hands them over (see wrapper.py),
+    # so an activation saved for the backward is freed inside it. Graph constants are globals
+    # of the wrapper and never die.
+    keep = output_buffers(g) | {name for name, _ in g.constants}
     last: dict[str, int] = {}
     for i, step in enumerate(s.steps):
         for b in [*step_writes(step), *step_reads(step)]:
