@@ -36,68 +36,20 @@ import argparse
 import importlib
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from timing import block, calls_per_block  # noqa: E402
 
 
 def tiny(x: torch.Tensor) -> torch.Tensor:
     return torch.relu(x * 2.0 + 1.0)
-
-
-def _cpu_jiffies() -> tuple[int, int]:
-    """(busy, total) jiffies of all CPUs since boot, from /proc/stat."""
-    with open("/proc/stat") as f:
-        # user nice system idle iowait irq softirq steal; guest time is already in user
-        fields = [int(v) for v in f.readline().split()[1:9]]
-    idle = fields[3] + fields[4]
-    return sum(fields) - idle, sum(fields)
-
-
-def _own_cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
-def _block(fn: Callable[[torch.Tensor], object], x: torch.Tensor, n: int) -> dict:
-    """Time n calls; return seconds per call, others' CPU share, page faults per call."""
-    busy0, total0 = _cpu_jiffies()
-    own0 = _own_cpu_s()
-    flt0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    start = time.perf_counter()
-    for _ in range(n):
-        fn(x)
-    elapsed = time.perf_counter() - start
-    flt1 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    own1 = _own_cpu_s()
-    busy1, total1 = _cpu_jiffies()
-    hz = os.sysconf("SC_CLK_TCK")
-    total_s = (total1 - total0) / hz
-    others_s = max(0.0, (busy1 - busy0) / hz - (own1 - own0))
-    return {
-        "per_call": elapsed / n,
-        "cpu_per_call": (own1 - own0) / n,
-        "others": others_s / total_s if total_s > 0 else 0.0,
-        "faults": (flt1 - flt0) / n,
-    }
-
-
-def _calls_per_block(fn: Callable[[torch.Tensor], object], x: torch.Tensor, block_s: float) -> int:
-    n = 100
-    while True:
-        start = time.perf_counter()
-        for _ in range(n):
-            fn(x)
-        elapsed = time.perf_counter() - start
-        if elapsed > block_s / 4:
-            return max(100, int(n * block_s / elapsed))
-        n *= 4
 
 
 def steady_state(blocks: int, block_s: float) -> dict:
@@ -121,15 +73,15 @@ def steady_state(blocks: int, block_s: float) -> dict:
     n_entries = len(frame_cache.cache_for(tiny.__code__).entries)
     if n_entries != 1:
         raise AssertionError(f"ember captured {n_entries} times, expected once")
-    counts = {name: _calls_per_block(fn, x, block_s) for name, fn in variants.items()}
+    counts = {name: calls_per_block(fn, [x], block_s) for name, fn in variants.items()}
     samples: dict[str, list[dict]] = {name: [] for name in variants}
     retimed = 0
     for _ in range(blocks):
         for name, fn in variants.items():
-            attempts = [_block(fn, x, counts[name])]
+            attempts = [block(fn, [x], counts[name])]
             while attempts[-1]["others"] > 0.10 and len(attempts) < 3:
                 retimed += 1
-                attempts.append(_block(fn, x, counts[name]))
+                attempts.append(block(fn, [x], counts[name]))
             samples[name].append(min(attempts, key=lambda r: r["others"]))
     result = {"diffs": diffs, "counts": counts, "retimed": retimed, "variants": {}}
     for name, rows in samples.items():

@@ -40,6 +40,7 @@ def block(fn: Callable, inputs: Sequence, n: int) -> dict:
     others = max(0.0, (busy1 - busy0) / hz - (own1 - own0))
     return {
         "per_call": elapsed / n,
+        "cpu_per_call": (own1 - own0) / n,
         "others": others / total_s if total_s > 0 else 0.0,
         "faults": (flt1 - flt0) / n,
     }
