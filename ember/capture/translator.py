@@ -24,7 +24,7 @@ from ember.capture.side_effects import SideEffects
 from ember.capture.sources import CellSource, ForeignGlobalSource, GlobalSource, LocalSource
 from ember.capture.values.base import Value
 from ember.capture.values.builder import ValueBuilder
-from ember.capture.values.containers import DictValue, TupleValue
+from ember.capture.values.containers import DictValue, IteratorValue, TupleValue
 from ember.capture.values.functions import RealCell
 from ember.errors import BreakReason, Unsupported
 
@@ -110,6 +110,8 @@ class Translator:
         self._steps = 0
         self.allow_break = False
         self.graph_break: GraphBreak | None = None
+        self.yielded: list[Value] | None = None
+        """What a generator frame has yielded so far (None: not a generator frame)."""
         self.stop_before: tuple[int, Unsupported] | None = None
         """(steps, reason): break before the instruction after that many steps."""
 
@@ -287,17 +289,26 @@ class Translator:
         closure: list[Any],
         description: str,
     ) -> Value:
-        """Interpret a user function's body in a child frame and return its result."""
+        """Interpret a user function's body in a child frame and return its result.
+
+        A generator function (most often a generator expression passed to `sum`, `any`,
+        `tuple`, ...) runs to exhaustion and stands for an iterator over what it yielded:
+        what an unrolled trace does anyway, every value a consumer could pull computed once,
+        in order, into the same graph."""
         if code.co_flags & (
-            inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+            inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
         ):
-            raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"{description} is a generator")
+            raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"{description} is a coroutine")
         if self.depth >= config.current().inline_depth:
             raise Unsupported(BreakReason.INLINE_DEPTH, f"inlining {description}")
         f_locals = bind_arguments(code, args, kwargs, defaults, kwdefaults)
         cells = dict(zip(code.co_freevars, closure))
         child = Translator(self.ctx, code, f_globals, f_locals, cells, parent=self)
-        return child.run()
+        if not code.co_flags & inspect.CO_GENERATOR:
+            return child.run()
+        child.yielded = []  # marks the frame as a generator for RETURN_GENERATOR / YIELD_VALUE
+        returned = child.run()
+        return IteratorValue(child.yielded, returned)
 
 
 def bind_arguments(

@@ -13,7 +13,7 @@ from ember.errors import BreakReason, Unsupported
 
 
 def _yielded(tx) -> list:
-    items = getattr(tx, "yielded", None)
+    items = tx.yielded
     if items is None:
         raise Unsupported(
             BreakReason.UNSUPPORTED_CALL,

@@ -8,7 +8,6 @@ through the table in `builtins.py`, keyed by the builtin object itself.
 
 from __future__ import annotations
 
-import functools
 import types
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +15,6 @@ import torch
 
 from ember.capture.sources import Source
 from ember.capture.values.base import ConstantValue, Value, all_constant
-from ember.capture.values.generators import inline_generator, is_generator_code
 from ember.errors import BreakReason, Unsupported
 
 if TYPE_CHECKING:
@@ -61,11 +59,7 @@ class UserFunctionValue(Value):
         closure = [
             RealCell(c, _cell_source(self.source, i, c)) for i, c in enumerate(fn.__closure__ or ())
         ]
-        if is_generator_code(fn.__code__):
-            inline = functools.partial(inline_generator, tx)
-        else:
-            inline = tx.inline_call
-        return inline(
+        return tx.inline_call(
             fn.__code__,
             fn.__globals__,
             args,
@@ -130,8 +124,6 @@ class NestedFunctionValue(Value):
         return types.FunctionType
 
     def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
-        if is_generator_code(self.code):
-            return inline_generator(tx, self.code, *self._frame_parts(args, kwargs))
         return tx.inline_call(self.code, *self._frame_parts(args, kwargs))
 
     def _frame_parts(self, args: list[Value], kwargs: dict[str, Value]) -> tuple:
