@@ -10,6 +10,7 @@ Python values (sizes, flags) become constants and leave no node behind.
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -180,17 +181,17 @@ class TensorValue(Value):
         em.load_tensor(self)
 
 
-def graph_arg(value: Value) -> Any:
-    """The value as an fx node argument: tensors become their nodes."""
+def _map_tensors(value: Value, leaf: Callable[[TensorValue], Any]) -> Any:
+    """The value as a Python argument, with each tensor replaced by `leaf(tensor)`."""
     from ember.capture.values.containers import SequenceValue, SliceValue
 
     if isinstance(value, TensorValue):
-        return value.node
+        return leaf(value)
     if isinstance(value, SequenceValue):
-        items = [graph_arg(v) for v in value.items]
+        items = [_map_tensors(v, leaf) for v in value.items]
         return items if value.python_type() is list else tuple(items)
     if isinstance(value, SliceValue):
-        return slice(*(graph_arg(v) for v in value.parts))
+        return slice(*(_map_tensors(v, leaf) for v in value.parts))
     if value.is_constant():
         return value.as_constant()
     raise Unsupported(
@@ -198,18 +199,14 @@ def graph_arg(value: Value) -> Any:
     )
 
 
+def graph_arg(value: Value) -> Any:
+    """The value as an fx node argument: tensors become their nodes."""
+    return _map_tensors(value, lambda t: t.node)
+
+
 def example_arg(value: Value) -> Any:
     """The value with tensors replaced by their meta examples."""
-    from ember.capture.values.containers import SequenceValue, SliceValue
-
-    if isinstance(value, TensorValue):
-        return value.example
-    if isinstance(value, SequenceValue):
-        items = [example_arg(v) for v in value.items]
-        return items if value.python_type() is list else tuple(items)
-    if isinstance(value, SliceValue):
-        return slice(*(example_arg(v) for v in value.parts))
-    return value.as_constant()
+    return _map_tensors(value, lambda t: t.example)
 
 
 _DEVICE_ATTRS = {
