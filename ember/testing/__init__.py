@@ -92,3 +92,14 @@ def check_against_eager(
             f"expected {frames} compiled graph(s), the backend saw {counter.frame_count}"
         )
     return result
+
+
+def program_ids(cases: list[tuple]) -> list[str]:
+    """Test ids for a table of (program, argument makers) rows: the name without `p_`."""
+    return [getattr(fn, "__name__", "program").removeprefix("p_") for fn, *_ in cases]
+
+
+def check_program(fn: Callable, makers: list[Callable[[], Any]], frames: int = 1) -> Any:
+    """One row of a program table: fresh arguments from the makers, then check_against_eager
+    with the expected number of captures."""
+    return check_against_eager(fn, *[make() for make in makers], frames=frames)

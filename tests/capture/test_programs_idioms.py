@@ -13,7 +13,13 @@ import torch.nn.functional as F
 from torch import nn
 
 import ember
-from ember.testing import CompileCounter, assert_same, check_against_eager
+from ember.testing import (
+    CompileCounter,
+    assert_same,
+    check_against_eager,
+    check_program,
+    program_ids,
+)
 
 CALLS = 0
 BUFFER = torch.zeros(4)
@@ -196,13 +202,9 @@ CASES = [
 ]
 
 
-def _name(fn):
-    return fn.__name__.removeprefix("p_")
-
-
-@pytest.mark.parametrize(("fn", "makers"), CASES, ids=[_name(c[0]) for c in CASES])
+@pytest.mark.parametrize(("fn", "makers"), CASES, ids=program_ids(CASES))
 def test_program(fn, makers):
-    check_against_eager(fn, *[make() for make in makers], frames=1)
+    check_program(fn, makers)
 
 
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])

@@ -15,7 +15,13 @@ import torch
 from torch import nn
 
 import ember
-from ember.testing import CompileCounter, assert_same, check_against_eager
+from ember.testing import (
+    CompileCounter,
+    assert_same,
+    check_against_eager,
+    check_program,
+    program_ids,
+)
 
 ONES = torch.ones(4)
 
@@ -85,13 +91,9 @@ CASES = [
 ]
 
 
-def _name(fn):
-    return fn.__name__.removeprefix("p_")
-
-
-@pytest.mark.parametrize(("fn", "makers"), CASES, ids=[_name(c[0]) for c in CASES])
+@pytest.mark.parametrize(("fn", "makers"), CASES, ids=program_ids(CASES))
 def test_program(fn, makers):
-    check_against_eager(fn, *[make() for make in makers], frames=1)
+    check_program(fn, makers)
 
 
 def test_foreign_global_change_recompiles():

@@ -12,7 +12,7 @@ import typing
 import pytest
 import torch
 
-from ember.testing import check_against_eager
+from ember.testing import check_against_eager, check_program, program_ids
 
 
 def x4():
@@ -257,14 +257,9 @@ CASES = [
 ]
 
 
-def _name(fn):
-    return fn.__name__.removeprefix("p_")
-
-
-@pytest.mark.parametrize(("fn", "makers"), CASES, ids=[_name(c[0]) for c in CASES])
+@pytest.mark.parametrize(("fn", "makers"), CASES, ids=program_ids(CASES))
 def test_program(fn, makers):
-    args = [make() for make in makers]
-    check_against_eager(fn, *args, frames=1)
+    check_program(fn, makers)
 
 
 def test_mutation_of_argument_object_is_replayed():
@@ -391,9 +386,9 @@ MORE = [
 ]
 
 
-@pytest.mark.parametrize(("fn", "makers"), MORE, ids=[_name(c[0]) for c in MORE])
+@pytest.mark.parametrize(("fn", "makers"), MORE, ids=program_ids(MORE))
 def test_more_programs(fn, makers):
-    check_against_eager(fn, *[make() for make in makers], frames=1)
+    check_program(fn, makers)
 
 
 def test_value_read_before_a_replayed_store_survives_a_graph_break(capsys):

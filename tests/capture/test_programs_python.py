@@ -12,7 +12,7 @@ import operator
 import pytest
 import torch
 
-from ember.testing import check_against_eager
+from ember.testing import check_against_eager, check_program, program_ids
 
 SCALE = 3
 OFFSET = 0.5
@@ -468,14 +468,9 @@ BINARY_OPERATORS = [
 ]
 
 
-def _name(fn):
-    return getattr(fn, "__name__", "program").removeprefix("p_")
-
-
-@pytest.mark.parametrize(("fn", "makers"), CASES, ids=[_name(c[0]) for c in CASES])
+@pytest.mark.parametrize(("fn", "makers"), CASES, ids=program_ids(CASES))
 def test_program(fn, makers):
-    args = [make() for make in makers]
-    check_against_eager(fn, *args, frames=1)
+    check_program(fn, makers)
 
 
 @pytest.mark.parametrize("op", BINARY_OPERATORS, ids=lambda op: op.__name__)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ember.testing import check_against_eager
+from ember.testing import check_against_eager, check_program, program_ids
 
 
 def x4():
@@ -595,14 +595,9 @@ CASES = [
 ]
 
 
-def _name(fn):
-    return fn.__name__.removeprefix("p_")
-
-
-@pytest.mark.parametrize(("fn", "makers"), CASES, ids=[_name(c[0]) for c in CASES])
+@pytest.mark.parametrize(("fn", "makers"), CASES, ids=program_ids(CASES))
 def test_program(fn, makers):
-    args = [make() for make in makers]
-    check_against_eager(fn, *args, frames=1)
+    check_program(fn, makers)
 
 
 def test_grad_mode_is_restored_after_call():

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ember.testing import check_against_eager
+from ember.testing import check_against_eager, check_program, program_ids
 
 
 def x4():
@@ -364,14 +364,9 @@ CASES = [
 ]
 
 
-def _name(fn):
-    return fn.__name__.removeprefix("p_")
-
-
-@pytest.mark.parametrize(("fn", "makers"), CASES, ids=[_name(c[0]) for c in CASES])
+@pytest.mark.parametrize(("fn", "makers"), CASES, ids=program_ids(CASES))
 def test_program(fn, makers):
-    args = [make() for make in makers]
-    check_against_eager(fn, *args, frames=1)
+    check_program(fn, makers)
 
 
 @pytest.mark.parametrize(
