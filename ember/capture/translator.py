@@ -388,7 +388,7 @@ def root_translator(
     ):  # plain positional call (also of `.0`, a comprehension's parameter)
         lazy = dict(zip(code.co_varnames, args))
     else:
-        real = inspect.signature(fn).bind(*args, **kwargs)
+        real = inspect.signature(fn, follow_wrapped=False).bind(*args, **kwargs)
         real.apply_defaults()
         lazy = dict(real.arguments)
     cells: dict[str, Any] = {}

@@ -7,6 +7,7 @@ inlines them, so a few counts depend on the version)."""
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import pytest
@@ -41,6 +42,30 @@ def inner_kw(y, *, scale=1.0):
 
 def star_kwargs_to_breaking_helper(x):
     return inner_kw(x, **{"scale": 2.0})
+
+
+def _forwarding(func):
+    """A `functools.wraps` decorator with `*args, **kwargs` (transformers' pattern): its
+    arguments must be bound to the wrapper's signature, not to `__wrapped__`'s."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        for name in ("scale", "shift"):
+            print(name)
+            if name in kwargs:
+                kwargs[name] = kwargs[name] * 2
+        return func(*args, **kwargs)
+
+    return wrapper
+
+
+@_forwarding
+def _scaled(y, scale=1.0, shift=0.0):
+    return y * scale + shift
+
+
+def wraps_decorated_call_with_print(x):
+    return _scaled(x, scale=3.0) + 1
 
 
 def listcomp_with_print(x):
@@ -190,6 +215,7 @@ def local_helper_called_twice(x):
 
 CASES = [
     Case(star_kwargs_to_breaking_helper, one, 1, 2, _g_state, _g_reset, eager=0),
+    Case(wraps_decorated_call_with_print, one, 2, 3, _g_state, _g_reset, eager=0),
     Case(
         listcomp_with_print,
         one,
