@@ -81,7 +81,9 @@ class _Writer:
             buf = self.buffers[b]
             if donor is not None:
                 src = self.var[donor]
+                # the donor's name must go: it would keep the storage alive after b dies
                 self.body.append(f"    {b} = {src}  # reuses the storage of {donor}")
+                self.body.append(f"    del {src}")
                 self.var[b], self.actual[b] = b, self.actual[src]
                 continue
             lay, dt = buf.layout, _torch_dtype(buf.dtype)

@@ -1,9 +1,17 @@
 """Memory planning: which buffers the wrapper allocates, and which dead buffers it reuses.
 
-A buffer dies after the last step that reads it; its storage goes to a pool keyed by
-(element count, dtype) and the next kernel output with the same key takes it instead of
-allocating. Graph outputs never die; inputs and fallback results (which may alias their
-inputs) are never pooled.
+A buffer dies after the last step that reads it. A later kernel output of the same storage
+size and dtype may take a dead buffer's storage instead of allocating -- but only when that
+cannot raise the graph's peak: the donor stays alive from its death to its reuse, and any
+allocation in between that the freed storage could have served would otherwise come on top.
+So a reuse is accepted only if, at every step between death and reuse, the bytes the wrapper
+holds (plus the donors already held across that step) stay at or below the peak of the plan
+without any reuse. A backward graph's peak is the training step's peak, so a donor held across
+a weight-gradient GEMM (as the first version of this planner did) costs memory directly.
+
+Graph outputs never die; inputs and fallback results (which may alias their inputs) are never
+pooled. Inputs die at their last read too (a boxed caller hands them over), but their bytes
+are not counted: whether they are really freed depends on who else holds them.
 """
 
 from __future__ import annotations
@@ -37,13 +45,18 @@ def step_reads(step) -> set[str]:
     return ir.node_reads(step)
 
 
+def nbytes(b: ir.Buffer) -> int:
+    """Bytes of a buffer's storage."""
+    dtype = b.dtype.torch if isinstance(b.dtype, ir.DType) else b.dtype
+    return b.layout.storage_numel() * dtype.itemsize
+
+
 def plan(s: Schedule) -> Plan:
     g = s.graph
     buffers = g.buffer_map()
-    # inputs die at their last read too: a boxed caller hands them over (see wrapper.py),
-    # so an activation saved for the backward is freed inside it. Graph constants are globals
-    # of the wrapper and never die.
+    # Graph constants are globals of the wrapper and never die.
     keep = output_buffers(g) | {name for name, _ in g.constants}
+    inputs = {b.name for b in g.inputs}
     last: dict[str, int] = {}
     for i, step in enumerate(s.steps):
         for b in [*step_writes(step), *step_reads(step)]:
@@ -52,22 +65,60 @@ def plan(s: Schedule) -> Plan:
     for step in s.steps:
         if isinstance(step, Kernel) or step.kind == ir.ExternKind.LIBRARY:
             poolable.update(step_writes(step))
-    pool: dict[tuple, list[str]] = {}
-    allocs, frees = [], []
+    frees = []
+    for i in range(len(s.steps)):
+        frees.append(tuple(sorted(b for b, j in last.items() if j == i and b not in keep)))
+    live = _live_bytes(s, buffers, frees, inputs)
+    peak = max(live, default=0)
+    held = [0] * len(s.steps)  # bytes of donors kept alive across each step
+    pool: dict[tuple, list[tuple[str, int]]] = {}  # key -> [(donor, step it died at)]
+    allocs = []
     for i, step in enumerate(s.steps):
         mine = []
         if isinstance(step, Kernel):
             for b in step_writes(step):
-                key = _key(buffers[b])
-                donors = pool.get(key)
-                mine.append((b, donors.pop() if donors else None))
+                donor = _take(pool.get(_key(buffers[b])), i, live, held, peak, nbytes(buffers[b]))
+                mine.append((b, donor))
         allocs.append(tuple(mine))
-        dead = tuple(sorted(b for b, j in last.items() if j == i and b not in keep))
-        for b in dead:
+        for b in frees[i]:
             if b in poolable:
-                pool.setdefault(_key(buffers[b]), []).append(b)
-        frees.append(dead)
+                pool.setdefault(_key(buffers[b]), []).append((b, i))
     return Plan(tuple(allocs), tuple(frees))
+
+
+def _live_bytes(
+    s: Schedule, buffers: dict[str, ir.Buffer], frees: list[tuple[str, ...]], inputs: set[str]
+) -> list[int]:
+    """Bytes the wrapper holds while each step runs (its outputs allocated, nothing reused)."""
+    live, cur = [], 0
+    for i, step in enumerate(s.steps):
+        cur += sum(nbytes(buffers[b]) for b in step_writes(step) if b not in inputs)
+        live.append(cur)
+        cur -= sum(nbytes(buffers[b]) for b in frees[i] if b not in inputs)
+    return live
+
+
+def _take(
+    donors: list[tuple[str, int]] | None,
+    i: int,
+    live: list[int],
+    held: list[int],
+    peak: int,
+    size: int,
+) -> str | None:
+    """A donor whose storage step i may take without raising the peak (latest dead first);
+    the steps it is held across are charged with its bytes."""
+    if not donors:
+        return None
+    for k in range(len(donors) - 1, -1, -1):
+        name, died = donors[k]
+        between = range(died + 1, i)
+        if all(live[j] + held[j] + size <= peak for j in between):
+            for j in between:
+                held[j] += size
+            del donors[k]
+            return name
+    return None
 
 
 def _key(b: ir.Buffer) -> tuple:
