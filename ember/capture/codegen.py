@@ -35,6 +35,7 @@ from ember.capture.values.containers import (
     ListValue,
     SequenceValue,
     TupleValue,
+    key_value,
 )
 from ember.capture.values.functions import (
     BoundMethodValue,
@@ -43,6 +44,7 @@ from ember.capture.values.functions import (
     RealCell,
     UserFunctionValue,
 )
+from ember.capture.values.mappings import DictObjectValue
 from ember.capture.values.objects import GradModeValue, ModuleValue, UserObjectValue
 from ember.capture.values.tensor import TensorValue
 from ember.errors import BreakReason, Unsupported
@@ -121,11 +123,14 @@ def live_tensors(values: list[Value]) -> list[TensorValue]:
             for item in v.items:
                 visit(item)
         elif isinstance(v, DictValue):
-            for item in v.items.values():
+            for key, item in v.items.items():
+                visit(key_value(key))
                 visit(item)
         elif isinstance(v, UserObjectValue) and v.is_new:
             for item in v.attrs.values():
                 visit(item)
+            if isinstance(v, DictObjectValue):
+                visit(v.contents)
         elif isinstance(v, (MethodValue, BoundMethodValue)):
             visit(v.receiver)
         elif isinstance(v, IteratorValue):

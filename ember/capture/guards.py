@@ -34,6 +34,7 @@ class GuardKind(enum.Enum):
     GRAD_MODE = "torch.is_grad_enabled()"
     NO_HOOKS = "module has no forward hooks"
     MISSING_ATTR = "an attribute the trace found missing (hasattr, getattr default) stays so"
+    DICT_CONTAINS = "a key the trace looked up in a dict is still present (or still absent)"
 
 
 @dataclasses.dataclass(frozen=True, slots=True, eq=False)
@@ -86,7 +87,12 @@ def _equals_conditions(g: Guard, scope: GuardScope) -> list[str]:
 
 def _dict_keys(g: Guard, scope: GuardScope) -> list[str]:
     e = g.source.expr(scope)
-    return [f"type({e}) is {scope.const(g.expected[0], 'T')}", f"list({e}) == {g.expected[1]!r}"]
+    keys = g.expected[1]
+    if all(type(k) in (str, int) for k in keys):
+        expected = repr(keys)
+    else:  # classes, functions, modules: compared by identity, held by the guard
+        expected = scope.const(list(keys), "keys")
+    return [f"type({e}) is {scope.const(g.expected[0], 'T')}", f"list({e}) == {expected}"]
 
 
 def _no_hooks(g: Guard, scope: GuardScope) -> list[str]:
@@ -112,6 +118,9 @@ _CONDITIONS: dict[GuardKind, Callable[[Guard, GuardScope], list[str]]] = {
     GuardKind.GRAD_MODE: lambda g, s: [f"___torch.is_grad_enabled() is {g.expected}"],
     GuardKind.NO_HOOKS: _no_hooks,
     GuardKind.MISSING_ATTR: lambda g, s: [f"not hasattr({g.source.expr(s)}, {g.expected!r})"],
+    GuardKind.DICT_CONTAINS: lambda g, s: [
+        f"({g.expected[0]!r} in {g.source.expr(s)}) is {g.expected[1]}"
+    ],
 }
 
 

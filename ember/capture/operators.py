@@ -7,6 +7,7 @@ as Python would. User objects with dunder methods have them inlined.
 
 from __future__ import annotations
 
+import collections.abc
 import operator
 from typing import TYPE_CHECKING, Any
 
@@ -96,6 +97,16 @@ def _identity(fn: Any, a: Value, b: Value) -> Value:
 
 
 def _contains(tx: Translator, container: Value, item: Value) -> Value:
+    from ember.capture.values.mappings import DictObjectValue, InstanceDictValue
+    from ember.capture.values.objects import UserObjectValue
+
+    if isinstance(container, DictObjectValue):
+        return ConstantValue(container.contains(tx, item).truth(tx))
+    if isinstance(container, InstanceDictValue):
+        return ConstantValue(container.contains(tx, item))
+    if isinstance(container, UserObjectValue) and _own_contains(container.cls):
+        method = container.type_method(tx, "__contains__")
+        return ConstantValue(method.call(tx, [item], {}).truth(tx))
     if isinstance(container, SetValue):
         return ConstantValue(container.contains(item))
     if isinstance(container, DictValue):
@@ -110,6 +121,16 @@ def _contains(tx: Translator, container: Value, item: Value) -> Value:
         if v is item or apply(tx, operator.eq, [v, item]).truth(tx):
             return ConstantValue(True)
     return ConstantValue(False)
+
+
+def _own_contains(cls: type) -> bool:
+    """The class defines `in` itself. The abc mixins' `__contains__` (Mapping: `self[key]`
+    caught KeyError; Sequence: a scan) agree with iterating by the ABC's contract, and the
+    scan below needs no exception handling, so those are left to it."""
+    for klass in cls.__mro__:
+        if "__contains__" in klass.__dict__:
+            return klass not in (collections.abc.Mapping, collections.abc.Sequence, object)
+    return False
 
 
 def _containers(tx: Translator, fn: Any, args: list[Value]) -> Value | None:

@@ -39,6 +39,10 @@ class SideEffects:
         entry = self._attrs.get(id(obj))
         return entry[1].get(name) if entry else None
 
+    def has_attr_writes(self, obj: Value) -> bool:
+        entry = self._attrs.get(id(obj))
+        return bool(entry and entry[1])
+
     def mutated(self, container: Value) -> None:
         self.version += 1
         if container.source is not None:

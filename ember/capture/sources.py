@@ -180,7 +180,8 @@ class ItemSource(Source):
         return f"{self.base.name()}[{self.key!r}]"
 
     def expr(self, scope: GuardScope) -> str:
-        return scope.bind(self, f"{self.base.expr(scope)}[{self.key!r}]")
+        key = repr(self.key) if type(self.key) in (str, int) else scope.const(self.key, "k")
+        return scope.bind(self, f"{self.base.expr(scope)}[{key}]")
 
     def emit(self, cg: CodeBuilder) -> None:
         self.base.emit(cg)

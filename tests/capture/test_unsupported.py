@@ -56,8 +56,18 @@ def u_opaque_object(x):
     return x * len(PATTERN.pattern)  # BREAK
 
 
-def u_tensor_dict_key(x):
-    d = {x: 1}  # BREAK
+class ValueHashed:
+    """Hashes by value: ember cannot tell which keys would collide."""
+
+    def __hash__(self):
+        return 1
+
+    def __eq__(self, other):
+        return isinstance(other, ValueHashed)
+
+
+def u_value_hashed_dict_key(x):
+    d = {ValueHashed(): 1}  # BREAK
     return x + len(d)
 
 
@@ -124,7 +134,7 @@ CASES = [
     (u_float_of_tensor, BreakReason.TENSOR_TO_PYTHON, lambda: (torch.randn(2, 3),)),
     (u_grad_attribute, BreakReason.UNSUPPORTED_ATTRIBUTE, lambda: (torch.randn(2, 3),)),
     (u_opaque_object, BreakReason.UNSUPPORTED_OBJECT, lambda: (torch.randn(2, 3),)),
-    (u_tensor_dict_key, BreakReason.UNSUPPORTED_OPERATOR, lambda: (torch.randn(2, 3),)),
+    (u_value_hashed_dict_key, BreakReason.UNSUPPORTED_OPERATOR, lambda: (torch.randn(2, 3),)),
     (u_raise, BreakReason.EXCEPTION_RAISED, lambda: (torch.randn(2, 2),)),
     (u_iterate_plain_object, BreakReason.DYNAMIC_CONTROL_FLOW, lambda: (torch.randn(2, 3),)),
     (u_delete_attribute, BreakReason.SIDE_EFFECT, lambda: (torch.randn(2, 3), WithAttr())),

@@ -8,7 +8,9 @@ folded itself: no source, no guard.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import enum
 import functools
 import types
 import weakref
@@ -57,6 +59,10 @@ _CONSTANT_TYPES = (
     torch.Size,
     types.CodeType,
 )
+
+_KEY_TYPES = (str, int, float, type(None), type, types.FunctionType, enum.Enum, torch.nn.Module)
+"""Keys of an outside dict that ember can stand for: constants compared by value (in the key
+guard) and objects compared by identity (the guard holds them)."""
 
 
 def _is_torch_function(fn: Any) -> bool:
@@ -124,10 +130,10 @@ class ValueBuilder:
             return ListValue(
                 [self.wrap(v, ItemSource(source, i)) for i, v in enumerate(value)], source
             )
-        if isinstance(value, dict) and all(isinstance(k, (str, int)) for k in value):
-            guards.add(GuardKind.DICT_KEYS, source, (type(value), list(value)))
-            items = {k: self.wrap(v, ItemSource(source, k)) for k, v in value.items()}
-            return DictValue(items, source, dict_type=type(value))
+        if isinstance(value, dict):
+            result = self._wrap_dict(value, source)
+            if result is not None:
+                return result
         if isinstance(value, torch.nn.Module):
             guards.add(GuardKind.ID_MATCH, source, value)
             return ModuleValue(value, source)
@@ -138,6 +144,29 @@ class ValueBuilder:
             guards.add(GuardKind.EQUALS_MATCH, source, set(value))  # a copy: later edits fail it
             return SetValue(value, source=source)
         return self._wrap_callable_or_object(value, source)
+
+    def _wrap_dict(self, value: dict, source: Source) -> Value | None:
+        """A dict (or a builtin dict type such as OrderedDict) with keys the guard can
+        compare: constants, or objects that hash by identity (modules, classes, functions),
+        whose identities the key guard pins. Dict subclasses written in Python are objects
+        with items (values/mappings.py)."""
+        from ember.capture.values.containers import IdentityKey
+        from ember.capture.values.mappings import storage_type, wrap_dict_object
+
+        cls = type(value)
+        if cls not in (dict, collections.OrderedDict) and storage_type(cls) is not None:
+            return wrap_dict_object(self, value, source)
+        keys: dict[Any, Any] = {}
+        for k in value:
+            if isinstance(k, _KEY_TYPES) and not isinstance(k, torch.nn.Module):
+                keys[k] = k
+            elif isinstance(k, torch.nn.Module):
+                keys[k] = IdentityKey(self.wrap(k, ConstSource(k, f"key {type(k).__name__}")))
+            else:
+                return None
+        self.ctx.guards.add(GuardKind.DICT_KEYS, source, (cls, list(value)))
+        items = {keys[k]: self.wrap(v, ItemSource(source, k)) for k, v in value.items()}
+        return DictValue(items, source, dict_type=cls)
 
     def _wrap_callable_or_object(self, value: Any, source: Source) -> Value:
         guards = self.ctx.guards

@@ -166,10 +166,25 @@ def _guard_missing(tx: Translator, obj: Value, name: str) -> None:
         tx.ctx.guards.add(GuardKind.MISSING_ATTR, obj.source, name)
 
 
-@handles(setattr, object.__setattr__)
+@handles(setattr)
 def _setattr(tx, args, kwargs):
     args[0].setattr(tx, args[1].as_constant(), args[2])
     return ConstantValue(None)
+
+
+@handles(object.__setattr__)
+def _object_setattr(tx, args, kwargs):
+    """The default store, bypassing a class's own `__setattr__` (frozen dataclasses)."""
+    from ember.capture.values.objects import BuiltinMethodValue
+
+    return BuiltinMethodValue(object.__setattr__, args[0]).call(tx, args[1:], kwargs)
+
+
+@handles(object.__getattribute__)
+def _object_getattribute(tx, args, kwargs):
+    from ember.capture.values.objects import BuiltinMethodValue
+
+    return BuiltinMethodValue(object.__getattribute__, args[0]).call(tx, args[1:], kwargs)
 
 
 @handles(range)
@@ -517,3 +532,23 @@ for _fn in (
     math.isqrt,
 ):
     BUILTINS[_fn] = _math_fold(_fn)
+
+
+def _constant_answer(value: Any) -> Handler:
+    def handler(tx, args, kwargs):
+        return ConstantValue(value)
+
+    return handler
+
+
+# Code that asks whether it is being compiled takes the compiled path, as under Dynamo:
+# libraries use these checks to skip work a graph cannot hold (contextvars, registries,
+# warnings). Code that runs eagerly at a graph break still sees False.
+for _fn in (
+    torch.compiler.is_compiling,
+    torch.compiler.is_dynamo_compiling,
+    torch._utils.is_compiling,
+):
+    BUILTINS[_fn] = _constant_answer(True)
+for _fn in (torch.compiler.is_exporting, torch.jit.is_scripting, torch.jit.is_tracing):
+    BUILTINS[_fn] = _constant_answer(False)

@@ -220,8 +220,57 @@ class ListValue(SequenceValue):
         em.cg.build("LIST", len(self.items))
 
 
+class IdentityKey:
+    """A dict key that hashes by identity (an nn.Module, a plain user object, a tensor): the
+    symbolic value stands in the key slot. The builder gives every outside object exactly one
+    Value and objects made during capture are their Value, so the Value's identity is the
+    object's and two keys are equal exactly when Python would find them equal."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Value) -> None:
+        self.value = value
+
+    def __hash__(self) -> int:
+        return id(self.value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, IdentityKey) and other.value is self.value
+
+    def __repr__(self) -> str:
+        return f"<key {self.value.describe()}>"
+
+
+def _hashes_by_identity(cls: type) -> bool:
+    return cls.__hash__ in (object.__hash__, torch.Tensor.__hash__) and cls.__eq__ in (
+        object.__eq__,
+        torch.Tensor.__eq__,
+    )
+
+
+def dict_key(value: Value) -> Any:
+    """The key under which `value` is stored in a DictValue: its constant, or an
+    IdentityKey for objects whose hash and equality are their identity."""
+    if value.is_constant():
+        return value.as_constant()
+    try:
+        kind = value.python_type()
+    except Unsupported:
+        kind = None
+    if kind is not None and (kind is torch.Tensor or issubclass(kind, torch.nn.Module)):
+        return IdentityKey(value)  # Module and Tensor hash by id (Tensor.__eq__ is elementwise)
+    if kind is not None and _hashes_by_identity(kind):
+        return IdentityKey(value)
+    raise Unsupported(BreakReason.UNSUPPORTED_OPERATOR, f"dict key {value.describe()}")
+
+
+def key_value(key: Any) -> Value:
+    """The symbolic value of a stored key."""
+    return key.value if isinstance(key, IdentityKey) else ConstantValue(key)
+
+
 class DictValue(Value):
-    """A dict whose keys are constants; values symbolic."""
+    """A dict whose keys are constants or identity-hashed objects (see IdentityKey)."""
 
     def __init__(self, items: dict[Any, Value], source=None, dict_type: type = dict) -> None:
         self.items = dict(items)
@@ -235,9 +284,13 @@ class DictValue(Value):
         return self.dict_type
 
     def is_constant(self) -> bool:
-        return all_constant(list(self.items.values()))
+        return all_constant(list(self.items.values())) and not any(
+            isinstance(k, IdentityKey) for k in self.items
+        )
 
     def as_constant(self) -> Any:
+        if not self.is_constant():
+            return super().as_constant()
         return self.dict_type((k, v.as_constant()) for k, v in self.items.items())
 
     def truth(self, tx: Translator) -> bool:
@@ -247,21 +300,19 @@ class DictValue(Value):
         return len(self.items)
 
     def iterate(self, tx: Translator) -> list[Value]:
-        return [ConstantValue(k) for k in self.items]
+        return [key_value(k) for k in self.items]
 
     def _key(self, key: Value) -> Any:
-        try:
-            return key.as_constant()
-        except Exception as exc:
-            raise Unsupported(
-                BreakReason.UNSUPPORTED_OPERATOR, f"dict key {key.describe()}"
-            ) from exc
+        return dict_key(key)
 
     def getitem(self, tx: Translator, key: Value) -> Value:
         k = self._key(key)
         if k not in self.items:
             raise Unsupported(BreakReason.EXCEPTION_RAISED, f"KeyError: {k!r}")
         return self.items[k]
+
+    def contains(self, key: Value) -> bool:
+        return self._key(key) in self.items
 
     def setitem(self, tx: Translator, key: Value, value: Value) -> None:
         tx.ctx.effects.mutated(self)
@@ -281,11 +332,11 @@ class DictValue(Value):
     def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
         items = self.items
         if name == "keys":
-            return ListValue([ConstantValue(k) for k in items])
+            return ListValue([key_value(k) for k in items])
         if name == "values":
             return ListValue(list(items.values()))
         if name == "items":
-            return ListValue([TupleValue([ConstantValue(k), v]) for k, v in items.items()])
+            return ListValue([TupleValue([key_value(k), v]) for k, v in items.items()])
         if name == "get":
             default = args[1] if len(args) > 1 else ConstantValue(None)
             return items.get(self._key(args[0]), default)
@@ -328,7 +379,7 @@ class DictValue(Value):
             em.cg.push_null()
             em.cg.load_const(self.dict_type)
         for k, v in self.items.items():
-            em.cg.load_const(k)
+            em.reconstruct(key_value(k))
             em.reconstruct(v)
         em.cg.build("MAP", len(self.items))
         if self.dict_type is not dict:

@@ -71,14 +71,41 @@ class UserFunctionValue(Value):
         )
 
     def getattr(self, tx: Translator, name: str) -> Value:
-        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
-            return ConstantValue(getattr(self.fn, name))
-        return super().getattr(tx, name)
+        return function_attribute(tx, self, self.fn, name)
 
     def reconstruct(self, em: Emitter) -> None:
         if self.source is not None:
             return super().reconstruct(em)
         em.cg.load_const(self.fn)
+
+
+_FUNCTION_CONSTANT_ATTRS = frozenset(
+    ["__name__", "__qualname__", "__module__", "__doc__", "__code__"]
+)
+"""Attributes read as constants once the function object is pinned (by its ID_MATCH guard,
+or because the trace made it). `__code__` could be reassigned, but inlining already runs the
+code object the function had at capture, so reading it adds no assumption of its own."""
+
+
+def function_attribute(tx: Translator, owner: Value, fn: types.FunctionType, name: str) -> Value:
+    """`fn.name` for a Python function: the constant attributes above, the defaults (what
+    inlining uses too) and entries of the function's `__dict__` (`__wrapped__` set by
+    functools.wraps, a decorator's marker), read through a guarded source when there is one."""
+    from ember.capture.sources import AttrSource
+
+    if name in _FUNCTION_CONSTANT_ATTRS:
+        return ConstantValue(getattr(fn, name))
+    if name in ("__defaults__", "__kwdefaults__"):
+        return tx.ctx.builder.wrap_const(getattr(fn, name))
+    if name in fn.__dict__:
+        if owner.source is not None:
+            return tx.ctx.builder.wrap(fn.__dict__[name], AttrSource(owner.source, name))
+        return tx.ctx.builder.wrap_const(fn.__dict__[name])
+    if name == "__dict__" or hasattr(types.FunctionType, name):
+        return Value.getattr(owner, tx, name)
+    raise Unsupported(
+        BreakReason.EXCEPTION_RAISED, f"function {_name(fn)!r} has no attribute {name!r}"
+    )
 
 
 class RealCell:
@@ -140,6 +167,10 @@ class NestedFunctionValue(Value):
     def getattr(self, tx: Translator, name: str) -> Value:
         if name in ("__name__", "__qualname__"):
             return ConstantValue(self.code.co_name if name == "__name__" else self.qualname)
+        if name == "__code__":
+            return ConstantValue(self.code)
+        if name == "__module__":
+            return ConstantValue(self.f_globals.get("__name__"))
         return super().getattr(tx, name)
 
 

@@ -61,17 +61,43 @@ def _class_attribute(tx: Translator, owner: Value, cls: type, name: str, source)
     return tx.ctx.builder.wrap(attr, AttrSource(source, name))
 
 
+def python_override(cls: type, name: str) -> types.FunctionType | None:
+    """The Python function that `cls` (or a Python base before any builtin one) defines for
+    `name`; None when the first definition in the MRO is a builtin's (`object.__setattr__`,
+    `dict.__getitem__`), i.e. the default behaviour applies."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            attr = klass.__dict__[name]
+            return attr if isinstance(attr, types.FunctionType) else None
+    return None
+
+
 class BuiltinMethodValue(Value):
-    """A C-level method of a user object's base class, e.g. `object.__init__`."""
+    """A C-level method of a user object's base class (`object.__init__`, `object.__setattr__`
+    reached through super(), `dict.get` of a dict subclass): the default behaviour, which
+    the owner implements itself (`generic_setattr`, `builtin_method`)."""
 
     def __init__(self, descriptor: Any, owner: Value) -> None:
         self.descriptor = descriptor
         self.owner = owner
 
+    def describe(self) -> str:
+        return f"builtin method {self.descriptor.__qualname__}"
+
     def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
-        if self.descriptor is object.__init__ and not args and not kwargs:
+        d, owner = self.descriptor, self.owner
+        if d is object.__init__ and not args and not kwargs:
             return ConstantValue(None)
-        raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"builtin method {self.descriptor!r}")
+        if d is object.__setattr__ and len(args) == 2:
+            store = getattr(owner, "generic_setattr", owner.setattr)
+            store(tx, args[0].as_constant(), args[1])
+            return ConstantValue(None)
+        if d is object.__getattribute__ and isinstance(owner, UserObjectValue) and len(args) == 1:
+            return owner.generic_getattr(tx, args[0].as_constant())
+        builtin = getattr(owner, "builtin_method", None)
+        if builtin is not None:
+            return builtin(tx, d, args, kwargs)
+        raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"builtin method {d!r}")
 
 
 class ModuleValue(Value):
@@ -204,6 +230,18 @@ class UserObjectValue(Value):
         return True
 
     def getattr(self, tx: Translator, name: str) -> Value:
+        """`obj.name`: a class that defines `__getattribute__` in Python (transformers'
+        configs map attribute aliases so) has it inlined; others get the default lookup."""
+        override = python_override(self.cls, "__getattribute__")
+        if override is not None:
+            return UserFunctionValue(override).call(tx, [self, ConstantValue(name)], {})
+        return self.generic_getattr(tx, name)
+
+    def generic_getattr(self, tx: Translator, name: str) -> Value:
+        """`object.__getattribute__`: data descriptors of the class, the instance dict (or
+        the ledger), then the class (methods bind, properties run, `__getattr__` last)."""
+        if name == "__dict__":
+            return self._instance_dict(tx)
         if self.is_new:
             if name in self.attrs:
                 return self.attrs[name]
@@ -212,14 +250,63 @@ class UserObjectValue(Value):
         if pending is not None:
             return pending
         instance_dict = getattr(self.obj, "__dict__", {})
-        if name in instance_dict:
+        if name in instance_dict and not _is_data_descriptor(self.cls, name):
             return tx.ctx.builder.wrap(instance_dict[name], AttrSource(self.source, name))
         return _class_attribute(tx, self, self.cls, name, self.source)
 
+    def _instance_dict(self, tx: Translator) -> Value:
+        """`obj.__dict__`. For an object made during capture, a dict that shares its storage
+        with the attributes (writes through it are attribute writes). For one from outside,
+        its real `__dict__`, read only while no attribute write of the trace is pending
+        (later writes refuse to happen, see `generic_setattr`)."""
+        from ember.capture.values.containers import DictValue
+
+        if self.is_new:
+            view = DictValue({})
+            view.items = self.attrs
+            return view
+        if tx.ctx.effects.has_attr_writes(self):
+            raise Unsupported(
+                BreakReason.SIDE_EFFECT,
+                f"reading __dict__ of {self.describe()} after the trace set attributes on it",
+            )
+        from ember.capture.values.mappings import InstanceDictValue
+
+        self.dict_read = True
+        return InstanceDictValue(self.obj.__dict__, AttrSource(self.source, "__dict__"))
+
     def setattr(self, tx: Translator, name: str, value: Value) -> None:
+        override = python_override(self.cls, "__setattr__")
+        if override is not None:
+            UserFunctionValue(override).call(tx, [self, ConstantValue(name), value], {})
+            return
+        self.generic_setattr(tx, name, value)
+
+    def generic_setattr(self, tx: Translator, name: str, value: Value) -> None:
+        """`object.__setattr__`: a property's setter is inlined, other data descriptors
+        (slots, C members) are refused, anything else is an instance-dict write."""
+        for klass in self.cls.__mro__:
+            attr = klass.__dict__.get(name)
+            if attr is None:
+                continue
+            if isinstance(attr, property) and isinstance(attr.fset, types.FunctionType):
+                UserFunctionValue(attr.fset).call(tx, [self, value], {})
+                return
+            if hasattr(type(attr), "__set__"):
+                raise Unsupported(
+                    BreakReason.SIDE_EFFECT,
+                    f"setting {name!r} on {self.describe()} goes through a "
+                    f"{type(attr).__name__} descriptor",
+                )
+            break
         if self.is_new:
             tx.ctx.effects.touch()
             self.attrs[name] = value
+        elif getattr(self, "dict_read", False):
+            raise Unsupported(
+                BreakReason.SIDE_EFFECT,
+                f"setting {name!r} on {self.describe()} after the trace read its __dict__",
+            )
         else:
             tx.ctx.effects.store_attr(self, name, value)
 
@@ -227,7 +314,54 @@ class UserObjectValue(Value):
         return self.getattr(tx, name).call(tx, args, kwargs)
 
     def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
-        return self.getattr(tx, "__call__").call(tx, args, kwargs)
+        method = self.type_method(tx, "__call__")
+        if method is None:
+            return super().call(tx, args, kwargs)
+        return method.call(tx, args, kwargs)
+
+    def type_method(self, tx: Translator, name: str) -> Value | None:
+        """A special method, looked up on the type as CPython does (instance attributes do
+        not count); None when the class has none (the operation raises TypeError in Python,
+        and the base class refuses it)."""
+        if not any(name in klass.__dict__ for klass in self.cls.__mro__):
+            return None
+        return _class_attribute(tx, self, self.cls, name, self.source)
+
+    # the container protocol, for classes that implement it in Python (MutableMapping kin)
+    def getitem(self, tx: Translator, key: Value) -> Value:
+        method = self.type_method(tx, "__getitem__")
+        if method is None:
+            return super().getitem(tx, key)
+        return method.call(tx, [key], {})
+
+    def setitem(self, tx: Translator, key: Value, value: Value) -> None:
+        method = self.type_method(tx, "__setitem__")
+        if method is None:
+            return super().setitem(tx, key, value)
+        method.call(tx, [key, value], {})
+
+    def delitem(self, tx: Translator, key: Value) -> None:
+        method = self.type_method(tx, "__delitem__")
+        if method is None:
+            return super().delitem(tx, key)
+        method.call(tx, [key], {})
+
+    def length(self, tx: Translator) -> int:
+        method = self.type_method(tx, "__len__")
+        if method is None:
+            return super().length(tx)
+        return method.call(tx, [], {}).as_constant()
+
+    def iterate(self, tx: Translator) -> list[Value]:
+        from ember.capture.values.containers import iterator_over
+
+        method = self.type_method(tx, "__iter__")
+        if method is None:
+            return super().iterate(tx)
+        iterator = method.call(tx, [], {})
+        if iterator is self:  # its own iterator: stepping it means modelling __next__
+            return super().iterate(tx)
+        return iterator_over(tx, iterator).iterate(tx)
 
     def children(self) -> list[Value]:
         return list(self.attrs.values())
@@ -311,6 +445,8 @@ class ClassValue(Value):
             raise Unsupported(
                 BreakReason.UNSUPPORTED_CALL, f"creating module {cls.__name__} inside the trace"
             )
+        if issubclass(cls, dict):
+            return _construct_dict_object(tx, cls, args, kwargs)
         if cls.__new__ is not object.__new__ or not isinstance(cls.__init__, types.FunctionType):
             if cls.__init__ is not object.__init__:
                 raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"constructing {cls.__qualname__}")
@@ -320,6 +456,18 @@ class ClassValue(Value):
         elif args or kwargs:
             raise Unsupported(BreakReason.EXCEPTION_RAISED, f"{cls.__name__}() takes no arguments")
         return obj
+
+
+def _construct_dict_object(tx: Translator, cls: type, args: list[Value], kwargs: dict) -> Value:
+    """`cls(...)` for a dict subclass written in Python: the builtin `__new__`, then its
+    `__init__` (a dataclass's generated one for ModelOutput), inlined."""
+    from ember.capture.values.mappings import DictObjectValue, storage_type
+
+    if storage_type(cls) is None or python_override(cls, "__new__") is not None:
+        raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"constructing {cls.__qualname__}")
+    obj = DictObjectValue(cls)
+    _class_attribute(tx, obj, cls, "__init__", None).call(tx, args, kwargs)
+    return obj
 
 
 class PyModuleValue(Value):
@@ -417,8 +565,22 @@ class SuperValue(Value):
                     return BuiltinMethodValue(object.__init__, self.obj)
                 if isinstance(attr, property):
                     return UserFunctionValue(attr.fget).call(tx, [self.obj], {})
+                if isinstance(attr, classmethod):
+                    cls = tx.ctx.builder.wrap_const(self.obj.python_type())
+                    return BoundMethodValue(UserFunctionValue(attr.__func__), cls)
+                if isinstance(attr, (types.WrapperDescriptorType, types.MethodDescriptorType)):
+                    # a builtin base's method (object.__setattr__, dict.__setitem__)
+                    return BuiltinMethodValue(attr, self.obj)
                 break
         raise Unsupported(BreakReason.UNSUPPORTED_ATTRIBUTE, f"super().{name}")
+
+
+def _is_data_descriptor(cls: type, name: str) -> bool:
+    """A class attribute that takes precedence over the instance dict (a property)."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return hasattr(type(klass.__dict__[name]), "__set__")
+    return False
 
 
 def is_dataclass_instance(obj: Any) -> bool:

@@ -1,0 +1,286 @@
+"""Instances of dict subclasses: Hugging Face's `ModelOutput` (an OrderedDict subclass that
+is also a dataclass), registries that override `get`, and the like.
+
+Such an object is two things at once: a dict (its items, modelled by a `DictValue` in
+`contents`) and a Python object (instance attributes, methods written in Python). Methods the
+subclass defines in Python are inlined; the builtin dict methods it inherits act on
+`contents` directly, which is what CPython's C implementation does (`dict.get` never calls
+an overridden `__getitem__`). The few builtin methods that CPython implements by calling back
+into the object (`OrderedDict.update` stores through `self[k] = v`) are refused when the
+class overrides what they would call, rather than modelled half right.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import TYPE_CHECKING, Any
+
+from ember.capture.sources import ItemSource, Source
+from ember.capture.values.base import ConstantValue, Value
+from ember.capture.values.containers import DictValue, IteratorValue, key_value
+from ember.capture.values.functions import UserFunctionValue
+from ember.capture.values.objects import UserObjectValue, _class_attribute, python_override
+from ember.errors import BreakReason, Unsupported
+
+if TYPE_CHECKING:
+    from ember.capture.codegen import Emitter
+    from ember.capture.translator import Translator
+
+_STORAGE_TYPES = (dict, collections.OrderedDict)
+"""Builtin dict types a subclass may store its items in (others, such as defaultdict or
+Counter, have C behaviour of their own that `DictValue` does not model)."""
+
+_READS = frozenset(["keys", "values", "items", "get", "copy"])
+_DIRECT_WRITES = frozenset(["__setitem__", "__delitem__"])
+_CALLBACK_WRITES = frozenset(["update", "setdefault", "pop", "popitem", "clear", "__init__"])
+"""Builtin methods that (for an OrderedDict subclass at least) store through the object's own
+`__setitem__` / `__delitem__`: modelled only when the class does not override those."""
+
+
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class statement made it, not C
+
+
+def storage_type(cls: type) -> type | None:
+    """The builtin dict type a class written in Python keeps its items in; None for
+    anything else (a C subclass such as defaultdict, or no dict base at all)."""
+    for klass in cls.__mro__:
+        if klass in _STORAGE_TYPES:
+            return klass
+        if not klass.__flags__ & _HEAPTYPE:
+            return None
+    return None
+
+
+def rebuild_dict_object(cls: type, items: dict, attrs: dict) -> Any:
+    """Run-time half of reconstructing a dict-subclass object made during capture: no
+    `__init__` rerun, its effects are exactly these items and attributes. Items go in through
+    the builtin base's `__setitem__`, bypassing any override, as the trace recorded them."""
+    obj = cls.__new__(cls)
+    store = storage_type(cls).__setitem__
+    for key, value in items.items():
+        store(obj, key, value)
+    obj.__dict__.update(attrs)
+    return obj
+
+
+class DictObjectValue(UserObjectValue):
+    """An instance of a dict subclass: made during capture (source None) or reached from
+    the frame, where `contents` holds its items as read (guarded) at capture."""
+
+    def __init__(
+        self, cls: type, source: Source | None = None, obj: Any = None, contents=None
+    ) -> None:
+        super().__init__(cls, source, obj)
+        self.contents: DictValue | None = contents if source is not None else DictValue({})
+
+    def describe(self) -> str:
+        return f"{self.cls.__name__} (dict subclass) object"
+
+    def _items(self) -> DictValue:
+        if self.contents is None:
+            raise Unsupported(
+                BreakReason.UNSUPPORTED_OBJECT,
+                f"items of {self.describe()}, whose class overrides how they are read",
+            )
+        return self.contents
+
+    def _writable(self, tx: Translator) -> DictValue:
+        if self.source is not None:
+            raise Unsupported(
+                BreakReason.SIDE_EFFECT,
+                f"changing the items of {self.describe()} from outside the function",
+            )
+        tx.ctx.effects.touch()
+        return self._items()
+
+    # the dunder protocol: Python looks these up on the type
+    def _dunder(self, tx: Translator, name: str, args: list[Value]) -> Value:
+        return _class_attribute(tx, self, self.cls, name, self.source).call(tx, args, {})
+
+    def getitem(self, tx: Translator, key: Value) -> Value:
+        return self._dunder(tx, "__getitem__", [key])
+
+    def setitem(self, tx: Translator, key: Value, value: Value) -> None:
+        self._dunder(tx, "__setitem__", [key, value])
+
+    def delitem(self, tx: Translator, key: Value) -> None:
+        self._dunder(tx, "__delitem__", [key])
+
+    def length(self, tx: Translator) -> int:
+        return self._dunder(tx, "__len__", []).as_constant()
+
+    def iterate(self, tx: Translator) -> list[Value]:
+        if python_override(self.cls, "__iter__") is None:
+            return self._items().iterate(tx)
+        result = self._dunder(tx, "__iter__", [])
+        return result.iterate(tx)
+
+    def truth(self, tx: Translator) -> bool:
+        if python_override(self.cls, "__bool__") is not None:
+            return self._dunder(tx, "__bool__", []).truth(tx)
+        return self.length(tx) > 0
+
+    def contains(self, tx: Translator, item: Value) -> Value:
+        return self._dunder(tx, "__contains__", [item])
+
+    def builtin_method(
+        self, tx: Translator, descriptor: Any, args: list[Value], kwargs: dict[str, Value]
+    ) -> Value:
+        """A builtin dict method of the base class (found on the class, or through
+        `super()`), applied to the items."""
+        name = descriptor.__name__
+        owner = getattr(descriptor, "__objclass__", None)
+        if owner not in _STORAGE_TYPES and owner is not object:
+            raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"builtin method {descriptor!r}")
+        if name == "__getitem__":
+            return self._get(tx, args[0])
+        if name == "__len__":
+            return ConstantValue(self._items().length(tx))
+        if name == "__contains__":
+            return ConstantValue(self._items().contains(args[0]))
+        if name == "__iter__":
+            return IteratorValue(self._items().iterate(tx))
+        if name in _READS and name != "copy":
+            return self._items().call_method(tx, name, args, kwargs)
+        if name in _DIRECT_WRITES:
+            items = self._writable(tx)
+            if name == "__setitem__":
+                items.setitem(tx, args[0], args[1])
+            else:
+                items.delitem(tx, args[0])
+            return ConstantValue(None)
+        if name in _CALLBACK_WRITES:
+            if any(python_override(self.cls, n) for n in _DIRECT_WRITES):
+                raise Unsupported(
+                    BreakReason.UNSUPPORTED_CALL,
+                    f"{owner.__name__}.{name} on {self.describe()}, whose class overrides "
+                    "__setitem__/__delitem__",
+                )
+            items = self._writable(tx)
+            if name == "__init__":
+                name = "update"
+            return items.call_method(tx, name, args, kwargs)
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_CALL, f"{owner.__name__}.{name} on {self.describe()}"
+        )
+
+    def _get(self, tx: Translator, key: Value) -> Value:
+        """`dict.__getitem__`: the item, else the class's `__missing__` (Python only)."""
+        items = self._items()
+        if items.contains(key):
+            return items.items[items._key(key)]
+        missing = python_override(self.cls, "__missing__")
+        if missing is not None:
+            return UserFunctionValue(missing).call(tx, [self, key], {})
+        raise Unsupported(BreakReason.EXCEPTION_RAISED, f"KeyError: {key.describe()}")
+
+    def reconstruct(self, em: Emitter) -> None:
+        if not self.is_new:
+            return Value.reconstruct(self, em)
+        em.cg.push_null()
+        em.cg.load_const(rebuild_dict_object)
+        em.cg.load_const(self.cls)
+        for key, value in self._items().items.items():
+            em.reconstruct(key_value(key))
+            em.reconstruct(value)
+        em.cg.build("MAP", len(self._items().items))
+        for name, value in self.attrs.items():
+            em.cg.load_const(name)
+            em.reconstruct(value)
+        em.cg.build("MAP", len(self.attrs))
+        em.cg.call(3)
+
+
+def wrap_dict_object(tx_builder: Any, value: dict, source: Source) -> DictObjectValue:
+    """A dict-subclass object reached from the frame. Its items are read (and their keys
+    guarded) only when the class leaves reading them to the builtin dict; otherwise they are
+    out of reach and using them is refused."""
+    from ember.capture.guards import GuardKind
+
+    cls = type(value)
+    guards = tx_builder.ctx.guards
+    guards.add(GuardKind.TYPE_MATCH, source, cls)
+    contents = None
+    plain_reads = all(
+        python_override(cls, n) is None for n in ("__iter__", "keys", "__getitem__", "__len__")
+    )
+    if plain_reads and all(isinstance(k, (str, int)) for k in value):
+        guards.add(GuardKind.DICT_KEYS, source, (cls, list(value)))
+        contents = DictValue(
+            {k: tx_builder.wrap(v, ItemSource(source, k)) for k, v in value.items()}, source
+        )
+    return DictObjectValue(cls, source, value, contents)
+
+
+class InstanceDictValue(Value):
+    """`obj.__dict__` of an object from outside the function. Reading one entry (`get`,
+    `[]`, `in`: transformers' configs do so on every attribute read) guards only that entry
+    and whether the key is present; anything else (iteration, len, keys()) reads the whole
+    dict, every entry guarded. Writes are refused: the ledger records attribute writes, and
+    the owner refuses those after its `__dict__` was read."""
+
+    def __init__(self, real: dict, source: Source) -> None:
+        self.real = real
+        self.source = source
+        self._whole: Value | None = None
+
+    def describe(self) -> str:
+        return "instance __dict__"
+
+    def python_type(self) -> type:
+        return dict
+
+    def _present(self, tx: Translator, key: Value) -> tuple[Any, bool]:
+        from ember.capture.guards import GuardKind
+
+        k = key.as_constant()
+        if type(k) is not str:
+            raise Unsupported(BreakReason.UNSUPPORTED_OPERATOR, f"__dict__ key {k!r}")
+        present = k in self.real
+        tx.ctx.guards.add(GuardKind.DICT_CONTAINS, self.source, (k, present))
+        return k, present
+
+    def _entry(self, tx: Translator, k: str) -> Value:
+        return tx.ctx.builder.wrap(self.real[k], ItemSource(self.source, k))
+
+    def whole(self, tx: Translator) -> Value:
+        if self._whole is None:
+            self._whole = tx.ctx.builder.wrap(self.real, self.source)
+        return self._whole
+
+    def getitem(self, tx: Translator, key: Value) -> Value:
+        k, present = self._present(tx, key)
+        if not present:
+            raise Unsupported(BreakReason.EXCEPTION_RAISED, f"KeyError: {k!r}")
+        return self._entry(tx, k)
+
+    def contains(self, tx: Translator, key: Value) -> bool:
+        return self._present(tx, key)[1]
+
+    def getattr(self, tx: Translator, name: str) -> Value:
+        from ember.capture.values.functions import MethodValue
+
+        if hasattr(dict, name):
+            return MethodValue(self, name)
+        return super().getattr(tx, name)
+
+    def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
+        if name == "get" and args and not kwargs:
+            k, present = self._present(tx, args[0])
+            if present:
+                return self._entry(tx, k)
+            return args[1] if len(args) > 1 else ConstantValue(None)
+        if name == "__contains__":
+            return ConstantValue(self.contains(tx, args[0]))
+        if name in ("keys", "values", "items", "copy", "__len__"):
+            return self.whole(tx).call_method(tx, name, args, kwargs)
+        raise Unsupported(BreakReason.SIDE_EFFECT, f"{name}() on {self.describe()}")
+
+    def truth(self, tx: Translator) -> bool:
+        return self.whole(tx).truth(tx)
+
+    def length(self, tx: Translator) -> int:
+        return self.whole(tx).length(tx)
+
+    def iterate(self, tx: Translator) -> list[Value]:
+        return self.whole(tx).iterate(tx)
