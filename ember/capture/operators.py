@@ -18,6 +18,7 @@ from ember.capture.values.containers import (
     SequenceValue,
     SetValue,
     TupleValue,
+    set_operation,
 )
 from ember.capture.values.tensor import TensorValue, tensor_op
 from ember.errors import BreakReason, Unsupported
@@ -138,6 +139,9 @@ def _containers(tx: Translator, fn: Any, args: list[Value]) -> Value | None:
     if len(args) != 2:
         return None
     a, b = args
+    combined = set_operation(tx, plain, a, b)
+    if combined is not None:
+        return combined
     if isinstance(a, SequenceValue) and isinstance(b, SequenceValue) and plain is operator.add:
         if fn is operator.iadd and isinstance(a, ListValue):
             a.call_method(tx, "extend", [b], {})

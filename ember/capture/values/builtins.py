@@ -552,3 +552,26 @@ for _fn in (
     BUILTINS[_fn] = _constant_answer(True)
 for _fn in (torch.compiler.is_exporting, torch.jit.is_scripting, torch.jit.is_tracing):
     BUILTINS[_fn] = _constant_answer(False)
+
+
+@handles(object.__new__)
+def _object_new(tx, args, kwargs):
+    """`object.__new__(cls)` (`cls.__new__(cls)` of a plain class): an instance whose
+    `__init__` has not run. Builtin bases with state of their own are refused."""
+    from ember.capture.values.objects import UserObjectValue
+
+    cls = args[0].as_constant() if args else None
+    if (
+        not isinstance(cls, type)
+        or len(args) != 1
+        or kwargs
+        or issubclass(cls, torch.nn.Module)
+        or any(k.__new__ is not object.__new__ for k in cls.__mro__ if "__new__" in k.__dict__)
+        or not hasattr(cls, "__dict__")
+    ):
+        raise Unsupported(BreakReason.UNSUPPORTED_CALL, "object.__new__ with these arguments")
+    if cls.__mro__[1:] and any(
+        k.__flags__ & (1 << 9) == 0 and k is not object for k in cls.__mro__
+    ):  # a builtin base (dict, list, ...) is not modelled here
+        raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"object.__new__({cls.__qualname__})")
+    return UserObjectValue(cls)

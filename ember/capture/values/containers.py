@@ -269,6 +269,37 @@ def key_value(key: Any) -> Value:
     return key.value if isinstance(key, IdentityKey) else ConstantValue(key)
 
 
+class DictKeysValue(ListValue):
+    """`d.keys()`: the keys in order, as a list of values (a snapshot: the trace is
+    straight-line), which also combines with sets and other key views (`a.keys() | b`)."""
+
+
+def set_operation(tx: Translator, fn: Any, a: Value, b: Value) -> Value | None:
+    """`|`, `&`, `-`, `^` where one side is a key view and the other a view or a set: a set
+    whose members keep the left operand's order first (iteration order of a set of strings
+    is not defined anyway)."""
+    import operator
+
+    if fn not in (operator.or_, operator.and_, operator.sub, operator.xor):
+        return None
+    if not any(isinstance(v, DictKeysValue) for v in (a, b)) or not all(
+        isinstance(v, (DictKeysValue, SetValue)) for v in (a, b)
+    ):
+        return None
+    left, right = SetValue(values=a.iterate(tx)), SetValue(values=b.iterate(tx))
+    lk, rk = left.entries, right.entries
+    if fn is operator.or_:
+        kept = [*lk.items(), *((k, v) for k, v in rk.items() if k not in lk)]
+    elif fn is operator.and_:
+        kept = [(k, v) for k, v in lk.items() if k in rk]
+    elif fn is operator.sub:
+        kept = [(k, v) for k, v in lk.items() if k not in rk]
+    else:
+        kept = [*((k, v) for k, v in lk.items() if k not in rk)]
+        kept += [(k, v) for k, v in rk.items() if k not in lk]
+    return SetValue(values=[v for _, v in kept])
+
+
 class DictValue(Value):
     """A dict whose keys are constants or identity-hashed objects (see IdentityKey)."""
 
@@ -332,7 +363,7 @@ class DictValue(Value):
     def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
         items = self.items
         if name == "keys":
-            return ListValue([key_value(k) for k in items])
+            return DictKeysValue([key_value(k) for k in items])
         if name == "values":
             return ListValue(list(items.values()))
         if name == "items":

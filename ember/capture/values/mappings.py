@@ -13,6 +13,7 @@ class overrides what they would call, rather than modelled half right.
 from __future__ import annotations
 
 import collections
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from ember.capture.sources import ItemSource, Source
@@ -33,8 +34,9 @@ Counter, have C behaviour of their own that `DictValue` does not model)."""
 _READS = frozenset(["keys", "values", "items", "get", "copy"])
 _DIRECT_WRITES = frozenset(["__setitem__", "__delitem__"])
 _CALLBACK_WRITES = frozenset(["update", "setdefault", "pop", "popitem", "clear", "__init__"])
-"""Builtin methods that (for an OrderedDict subclass at least) store through the object's own
-`__setitem__` / `__delitem__`: modelled only when the class does not override those."""
+"""Builtin methods that, on an OrderedDict subclass, store through the object's own
+`__setitem__` / `__delitem__` (dict's C versions write the storage directly): modelled there
+only when the class does not override those."""
 
 
 _HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class statement made it, not C
@@ -150,7 +152,11 @@ class DictObjectValue(UserObjectValue):
                 items.delitem(tx, args[0])
             return ConstantValue(None)
         if name in _CALLBACK_WRITES:
-            if any(python_override(self.cls, n) for n in _DIRECT_WRITES):
+            if not args and not kwargs and name in ("__init__", "update"):
+                return ConstantValue(None)
+            if storage_type(self.cls) is not dict and any(
+                python_override(self.cls, n) for n in _DIRECT_WRITES
+            ):
                 raise Unsupported(
                     BreakReason.UNSUPPORTED_CALL,
                     f"{owner.__name__}.{name} on {self.describe()}, whose class overrides "
@@ -191,23 +197,71 @@ class DictObjectValue(UserObjectValue):
         em.cg.call(3)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class StorageKeysSource(Source):
+    """`list(OrderedDict.keys(obj))`: the keys of a dict-subclass object as its builtin
+    storage holds them, whatever the class does to `keys` or `__iter__`."""
+
+    base: Source
+    storage: type
+
+    def name(self) -> str:
+        return f"{self.storage.__name__}.keys({self.base.name()})"
+
+    def expr(self, scope: Any) -> str:
+        keys = scope.const(self.storage.keys, "keys")
+        return scope.bind(self, f"list({keys}({self.base.expr(scope)}))")
+
+    def emit(self, cg: Any) -> None:
+        raise NotImplementedError("only guarded, never reloaded")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StorageItemSource(Source):
+    """`dict.__getitem__(obj, key)`: an item of a dict-subclass object, read past the
+    class's own `__getitem__` (the key guard has made sure it is present)."""
+
+    base: Source
+    storage: type
+    key: Any
+
+    def name(self) -> str:
+        return f"{self.base.name()}[{self.key!r}]"
+
+    def expr(self, scope: Any) -> str:
+        get = scope.const(self.storage.__getitem__, "getitem")
+        return scope.bind(self, f"{get}({self.base.expr(scope)}, {self.key!r})")
+
+    def emit(self, cg: Any) -> None:
+        cg.push_null()
+        cg.load_const(self.storage.__getitem__)
+        self.base.emit(cg)
+        cg.load_const(self.key)
+        cg.call(2)
+
+
 def wrap_dict_object(tx_builder: Any, value: dict, source: Source) -> DictObjectValue:
-    """A dict-subclass object reached from the frame. Its items are read (and their keys
-    guarded) only when the class leaves reading them to the builtin dict; otherwise they are
-    out of reach and using them is refused."""
+    """A dict-subclass object reached from the frame. Its items are read from the builtin
+    storage (past any override) and their keys guarded, when the keys are strings or ints;
+    otherwise they are out of reach and using them is refused."""
     from ember.capture.guards import GuardKind
 
     cls = type(value)
+    storage = storage_type(cls)
     guards = tx_builder.ctx.guards
     guards.add(GuardKind.TYPE_MATCH, source, cls)
     contents = None
-    plain_reads = all(
-        python_override(cls, n) is None for n in ("__iter__", "keys", "__getitem__", "__len__")
-    )
-    if plain_reads and all(isinstance(k, (str, int)) for k in value):
-        guards.add(GuardKind.DICT_KEYS, source, (cls, list(value)))
+    keys = list(storage.keys(value))
+    if all(type(k) in (str, int) for k in keys):
+        guards.add(GuardKind.EQUALS_MATCH, StorageKeysSource(source, storage), keys)
         contents = DictValue(
-            {k: tx_builder.wrap(v, ItemSource(source, k)) for k, v in value.items()}, source
+            {
+                k: tx_builder.wrap(
+                    storage.__getitem__(value, k), StorageItemSource(source, storage, k)
+                )
+                for k in keys
+            },
+            source,
         )
     return DictObjectValue(cls, source, value, contents)
 
