@@ -3,9 +3,9 @@
 Workloads: pointwise chain (4M floats), softmax 4096x1024, hand-written layer norm and
 nn.LayerNorm 4096x1024, MLP block (1024->4096->1024, batch 256), transformer block (seq 128,
 d 256, batch 8), tiny call (3 pointwise ops on 16 floats), GPT-2 with a tiny config (if
-`transformers` is installed). Variants: eager, torch.compile (Inductor), torch.compile with
-backend=ember.backend, and for the tiny call also ember.compile (ember's own capture, whose
-per-call entry is cheaper than Dynamo's).
+`transformers` is installed). Variants: eager, torch.compile (Inductor), ember.compile
+(ember's capture and backend: "ember") and torch.compile(backend=ember.backend) (ember's
+backend behind PyTorch's capture: "ember (dynamo)").
 
 Method: eager and compiled variants timed in interleaved blocks of ~0.1 s, median of 11
 blocks; a block during which other processes used more than 10% of the CPUs is timed again.
@@ -20,6 +20,7 @@ timed separately): cold with empty EMBER_CACHE_DIR/TORCHINDUCTOR_CACHE_DIR, warm
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import statistics
@@ -126,22 +127,18 @@ def workloads() -> dict[str, Callable[[], tuple[Callable, list, float | None]]]:
     }
 
 
-def variants(fn: Callable, tiny_call: bool) -> dict[str, Callable]:
+def variants(fn: Callable) -> dict[str, Callable]:
+    """eager, Inductor, ember's backend behind PyTorch's capture, and ember.compile (ember's
+    own capture in front of the same backend: the product)."""
+    import ember
     import ember.backend
 
-    out = {
+    return {
         "eager": fn,
         "inductor": torch.compile(fn, dynamic=False),
-        "ember": torch.compile(fn, backend=ember.backend, dynamic=False),
+        "ember (dynamo)": torch.compile(fn, backend=ember.backend, dynamic=False),
+        "ember": ember.compile(fn),
     }
-    if tiny_call:
-        try:
-            import ember
-
-            out["ember.compile"] = ember.compile(fn, backend="ember")
-        except Exception as e:  # noqa: BLE001  (ember's capture is optional here)
-            print(f"# ember.compile unavailable: {e}", file=sys.stderr)
-    return out
 
 
 def _max_diff(a, b) -> float:
@@ -156,7 +153,7 @@ def _max_diff(a, b) -> float:
 @torch.no_grad()
 def steady(name: str, factory, blocks: int, block_s: float) -> dict:
     fn, inputs, nbytes = factory()
-    vs = variants(fn, name.startswith("tiny"))
+    vs = variants(fn)
     expected = fn(*inputs)
     diffs = {}
     for v, f in vs.items():
@@ -188,19 +185,29 @@ def steady(name: str, factory, blocks: int, block_s: float) -> dict:
 
 
 def _child(name: str, variant: str) -> None:
+    """One first call in a fresh process. Imports are timed apart: Inductor's compiler
+    package (`torch._dynamo`, `torch._inductor.compile_fx`) for "inductor", ember's (`ember`,
+    `ember.backend`, which imports its whole compiler) for "ember" (ember's own capture) and
+    "ember (dynamo)" (`torch.compile(backend=ember.backend)`). The first call includes making
+    the compiled callable."""
+    packages = {
+        "inductor": ["torch._dynamo", "torch._inductor.compile_fx"],
+        "ember": ["ember", "ember.backend"],
+        "ember (dynamo)": ["torch._dynamo", "ember", "ember.backend"],
+    }[variant]
     t0 = time.perf_counter()
-    if variant == "inductor":
-        import torch._dynamo  # noqa: F401
-        import torch._inductor.compile_fx  # noqa: F401
-    else:
-        import torch._dynamo  # noqa: F401
-
-        import ember.backend  # noqa: F401
+    for package in packages:
+        importlib.import_module(package)
     t1 = time.perf_counter()
     fn, inputs, _ = workloads()[name]()
     with torch.no_grad():
-        f = variants(fn, False)[variant]
         t2 = time.perf_counter()
+        if variant == "ember":
+            f = sys.modules["ember"].compile(fn)
+        elif variant == "inductor":
+            f = torch.compile(fn, dynamic=False)
+        else:
+            f = torch.compile(fn, backend=sys.modules["ember.backend"], dynamic=False)
         f(*inputs)
         t3 = time.perf_counter()
     print(json.dumps({"import_s": t1 - t0, "first_s": t3 - t2}))
@@ -219,9 +226,12 @@ def first_call(name: str, variant: str, cache: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+FIRST_CALL_VARIANTS = ("inductor", "ember", "ember (dynamo)")
+
+
 def first_calls(name: str) -> dict:
     out = {}
-    for variant in ("inductor", "ember"):
+    for variant in FIRST_CALL_VARIANTS:
         with tempfile.TemporaryDirectory() as tmp:
             cold = first_call(name, variant, tmp)
             warm = first_call(name, variant, tmp)
@@ -244,24 +254,38 @@ def report(rows: dict, firsts: dict, triad: float) -> None:
     )
     print()
     print(
-        "| workload | eager | inductor | ember | ember/eager | ember/inductor | ember % triad "
-        "| max abs diff (ind, ember) | first call cold ind / ember | warm ind / ember |"
+        "| workload | eager | inductor | ember | ember (dynamo) | ember/eager | ember/inductor "
+        "| ember (dynamo)/eager | ember % triad | max abs diff (ind, ember) |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, r in rows.items():
         v = r["variants"]
-        e, i, m = v["eager"]["s"], v["inductor"]["s"], v["ember"]["s"]
+        e, i, m, d = (v[k]["s"] for k in ("eager", "inductor", "ember", "ember (dynamo)"))
         bw = f"{r['bytes'] / m / 1e9 / triad * 100:.0f}%" if r["bytes"] else "-"
-        extra = ""
-        if "ember.compile" in v:
-            c = v["ember.compile"]["s"]
-            extra = f" (ember.compile: {_t(c)}, {e / c:.2f}x eager)"
-        f = firsts.get(name)
-        cold = f"{f['inductor']['cold']:.2f} s / {f['ember']['cold']:.2f} s" if f else "-"
-        warm = f"{f['inductor']['warm']:.2f} s / {f['ember']['warm']:.2f} s" if f else "-"
         print(
-            f"| {name} | {_t(e)} | {_t(i)} | {_t(m)}{extra} | {e / m:.2f}x | {i / m:.2f}x | {bw} "
-            f"| {v['inductor']['diff']:.1e}, {v['ember']['diff']:.1e} | {cold} | {warm} |"
+            f"| {name} | {_t(e)} | {_t(i)} | {_t(m)} | {_t(d)} | {e / m:.2f}x | {i / m:.2f}x "
+            f"| {e / d:.2f}x | {bw} | {v['inductor']['diff']:.1e}, {v['ember']['diff']:.1e} |"
+        )
+    if not firsts:
+        return
+    print()
+    print(
+        "First calls (fresh processes; import = the compiler's package, timed apart; "
+        "ember = ember.compile, ember (dynamo) = torch.compile(backend=ember.backend))"
+    )
+    print()
+    print(
+        "| workload | import ind / ember | cold ind / ember / ember (dynamo) "
+        "| warm ind / ember / ember (dynamo) | ember cold, warm as a fraction of inductor's |"
+    )
+    print("|---|---|---|---|---|")
+    for name, f in firsts.items():
+        ind, emb, dyn = (f[k] for k in FIRST_CALL_VARIANTS)
+        print(
+            f"| {name} | {ind['import']:.2f} s / {emb['import']:.2f} s "
+            f"| {ind['cold']:.2f} s / {emb['cold']:.2f} s / {dyn['cold']:.2f} s "
+            f"| {ind['warm']:.2f} s / {emb['warm']:.2f} s / {dyn['warm']:.2f} s "
+            f"| 1/{ind['cold'] / emb['cold']:.0f}, 1/{ind['warm'] / emb['warm']:.0f} |"
         )
 
 

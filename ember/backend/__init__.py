@@ -3,6 +3,11 @@
 The package itself is callable (torch.compile's backend protocol); calling it is
 `compile_graph(gm, example_inputs)`: ember's AOT layer traces the torch-level graph to a
 functional aten graph and hands it to `compile_aten` (see compile.py for the pipeline).
+
+Importing the package imports the whole compiler (the AOT tracer, the lowering with sympy,
+code generation), as importing `torch._inductor.compile_fx` does for Inductor: selecting the
+backend (`ember.compile(model)` resolves it at once) is where a process pays for its code,
+not the first call of the compiled model. `import ember` alone stays light (capture only).
 """
 
 from __future__ import annotations
@@ -14,18 +19,14 @@ from typing import Any
 
 import torch
 
+from ember.aot import aot_compile
+from ember.backend.compile import compile_aten
 
-def compile_aten(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-    """Compile one functional aten graph (flat tensor inputs, tuple output)."""
-    from ember.backend.compile import compile_aten as impl
-
-    return impl(gm, example_inputs)
+__all__ = ["compile_aten", "compile_graph"]
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     """The backend: torch-level fx graph -> callable, via ember's AOT tracer."""
-    from ember.aot import aot_compile
-
     return aot_compile(gm, example_inputs, compile_aten)
 
 
