@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import dis
 import types
+import weakref
 from typing import Any
 
 from ember.bytecode.ops import PY312, UNSUPPORTED, Op, op_for
@@ -38,8 +39,21 @@ class Inst:
 _JUMPS = set(dis.hasjrel) | set(dis.hasjabs)
 
 
+_decoded: weakref.WeakKeyDictionary[types.CodeType, tuple[Inst, ...]] = weakref.WeakKeyDictionary()
+"""Decoded code objects. A capture inlines the same functions many times (every Linear's
+forward, a config's `__getattribute__` on each attribute read) and `dis` is slow: decoding
+was ~40% of a GPT-2 capture before this cache. Insts are frozen, so sharing them is safe."""
+
+
 def decode(code: types.CodeType) -> list[Inst]:
-    """All instructions of `code`, in order."""
+    """All instructions of `code`, in order (a fresh list; the Insts are shared)."""
+    cached = _decoded.get(code)
+    if cached is None:
+        cached = _decoded[code] = tuple(_decode(code))
+    return list(cached)
+
+
+def _decode(code: types.CodeType) -> list[Inst]:
     raw = list(dis.get_instructions(code))
     index_of = {ins.offset: i for i, ins in enumerate(raw)}
     out = []
