@@ -28,7 +28,7 @@ import torch.fx as fx
 
 from ember import logs
 from ember.aot.functionalize import is_view_op
-from ember.aot.schedule import reorder_for_memory
+from ember.aot.schedule import peak_bytes, reorder_for_memory
 
 aten = torch.ops.aten
 
@@ -247,22 +247,85 @@ def _needed(outputs: Iterable, available: set[fx.Node]) -> set[fx.Node]:
     return seen
 
 
+def _split(
+    joint: fx.GraphModule, a: _Analysis, saved: list[fx.Node]
+) -> tuple[fx.GraphModule, fx.GraphModule, list[fx.Node]]:
+    """Forward and (memory-ordered) backward graphs for a saved set; saved values the
+    backward no longer reads are dropped (the third result is the saved list kept)."""
+    available = set(saved) | set(a.tangents)
+    bwd_keep = _needed(a.grads, available)
+    saved = [n for n in saved if n in bwd_keep]
+    fwd_keep = _ancestors(a.fwd_outs + saved)
+    forward = _extract(joint, fwd_keep, a.primals, a.fwd_outs + saved)
+    recomputed = frozenset(n for n in bwd_keep if n not in a.tangent_dep)
+    backward = _extract(joint, bwd_keep, saved + a.tangents, a.grads, recomputed)
+    # tangents stay alive in autograd's engine, primals in the caller: neither is released
+    pinned = {n.name for n in saved + a.tangents if n.op == "placeholder"}
+    return forward, reorder_for_memory(backward, pinned), saved
+
+
+def _step_peak(a: _Analysis, forward: fx.GraphModule, backward: fx.GraphModule, saved) -> int:
+    """Estimated peak bytes of a training step with these graphs: the forward's peak (its
+    outputs and saved values retained) or the backward's (saved values and tangents live at
+    its start, each freed after its last use), whichever is higher."""
+    pinned = {n.name for n in saved + a.tangents if n.op == "placeholder"}
+    resident = {n.name for n in saved if n.op != "placeholder"} | {n.name for n in a.tangents}
+    return max(peak_bytes(forward, set(), set()), peak_bytes(backward, pinned, resident))
+
+
+# pointwise ops whose recomputation costs real arithmetic (a transcendental per element),
+# unlike adds and multiplies that fuse into their consumer for free
+_COSTLY = {
+    getattr(aten, name).default
+    for name in (
+        "gelu erf erfc exp exp2 expm1 log log1p log2 log10 tanh sigmoid silu mish softplus "
+        "elu sin cos tan asin acos atan sinh cosh erfinv lgamma digamma"
+    ).split()
+    if hasattr(aten, name)
+}
+MAX_SAVE_TRIALS = 8
+# below this a recomputation costs microseconds: not worth a trial (each is a re-split)
+MIN_SAVE_BYTES = 1 << 18
+
+
+def _save_free_recomputations(
+    joint: fx.GraphModule, a: _Analysis, saved: list[fx.Node]
+) -> tuple[fx.GraphModule, fx.GraphModule, list[fx.Node]]:
+    """Min-cut minimizes saved bytes, but a saved byte only costs memory if it raises the
+    step's peak. When the peak is set elsewhere (an MLP's peak is its last weight-gradient
+    GEMM, where the saved activations are already freed), recomputing a GELU in the
+    backward buys nothing and costs a pass of erf over the activation. So each costly
+    recomputation (largest first) is tried as a saved value instead, and kept saved when the
+    estimated step peak does not grow."""
+    forward, backward, saved = _split(joint, a, saved)
+    peak = _step_peak(a, forward, backward, saved)
+    names = {n.name: n for n in joint.graph.nodes}
+    recomputed = [
+        names[n.name]
+        for n in backward.graph.nodes
+        if n.op == "call_function" and n.target in _COSTLY and n.name in names
+    ]
+    recomputed = [n for n in recomputed if n not in a.tangent_dep and _nbytes(n) >= MIN_SAVE_BYTES]
+    recomputed.sort(key=_nbytes, reverse=True)
+    for node in recomputed[:MAX_SAVE_TRIALS]:
+        trial = _split(joint, a, [*saved, node])
+        trial_peak = _step_peak(a, *trial)
+        if trial_peak <= peak:
+            logs.log("aot", "partition: saving %s (step peak stays %d bytes)", node.name, peak)
+            (forward, backward, saved), peak = trial, trial_peak
+    return forward, backward, saved
+
+
 def partition(
     joint: fx.GraphModule, num_primals: int, num_fwd_outputs: int, *, recompute: bool = True
 ) -> Partition:
     """Split the joint graph; `recompute=False` gives the naive 'save what is read'."""
     a = _Analysis(joint, num_primals, num_fwd_outputs)
     naive = a.naive_saved()
-    saved = a.min_cut_saved() if recompute else naive
-    fwd_keep = _ancestors(a.fwd_outs + saved)
-    forward = _extract(joint, fwd_keep, a.primals, a.fwd_outs + saved)
-    available = set(saved) | set(a.tangents)
-    bwd_keep = _needed(a.grads, available)
-    recomputed = frozenset(n for n in bwd_keep if n not in a.tangent_dep)
-    backward = _extract(joint, bwd_keep, saved + a.tangents, a.grads, recomputed)
-    # tangents stay alive in autograd's engine, primals in the caller: neither is released
-    pinned = {n.name for n in saved + a.tangents if n.op == "placeholder"}
-    backward = reorder_for_memory(backward, pinned)
+    if recompute:
+        forward, backward, saved = _save_free_recomputations(joint, a, a.min_cut_saved())
+    else:
+        forward, backward, saved = _split(joint, a, naive)
     result = Partition(
         forward=forward,
         backward=backward,

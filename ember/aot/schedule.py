@@ -120,3 +120,35 @@ def reorder_for_memory(gm: fx.GraphModule, pinned_names: set[str]) -> fx.GraphMo
     out = nodes[-1]
     env[out] = graph.node_copy(out, lambda x: env[x])
     return fx.GraphModule(gm, graph)
+
+
+def peak_bytes(gm: fx.GraphModule, pinned_names: set[str], resident_names: set[str]) -> int:
+    """Peak bytes of running gm in its node order, each value freed after its last use.
+
+    Placeholders named in `resident_names` (saved activations, tangents) are live from the
+    start and count; other placeholders (parameters, the caller's inputs) exist anyway and do
+    not. Pinned placeholders and graph outputs are never released. The partitioner compares
+    these estimates to decide whether saving a value costs peak memory."""
+    nodes = list(gm.graph.nodes)
+    pinned = {n for n in nodes if n.op == "placeholder" and n.name in pinned_names}
+    mem = _Memory(nodes, pinned)
+    size = dict(mem.size)
+    live = 0
+    for n in nodes:
+        if n.op == "placeholder" and n.name in resident_names:
+            size[n] = _nbytes(n.meta.get("val"))
+            live += size[n]
+    peak = live
+    for n in nodes:
+        if n.op in ("placeholder", "output", "get_attr"):
+            continue
+        live += mem.alloc[n]
+        peak = max(peak, live)
+        for i in n.all_input_nodes:
+            o = mem.owner[i]
+            mem.pending[o] -= 1
+            if mem.pending[o] == 0:
+                live -= size[o]
+        if not n.users and mem.pending[mem.owner[n]] == 0:
+            live -= size[mem.owner[n]]
+    return peak

@@ -110,6 +110,7 @@ class _Writer:
             self.body.append(f"    _r = {call}")
             for b, path in zip(n.outputs, n.result_path):
                 self.body.append(f"    {b} = _r{''.join(f'[{p}]' for p in path)}")
+            self.body.append("    del _r")  # the tuple would keep every item alive
         for b in n.outputs:
             lay = self.buffers[b].layout
             if fix:
@@ -181,4 +182,5 @@ def instantiate(source: str, kernels: dict[str, Any], constants: dict[str, Any])
     call = scope["call"]
     call.boxed_call = True  # the aot runtime then calls run_boxed(list) where it can
     call.run_boxed = scope["call_boxed"]
+    call.source = source  # for logs and per-statement profiling
     return call
