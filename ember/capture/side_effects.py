@@ -109,8 +109,7 @@ class SideEffects:
             if kind == "container":
                 self._store_contents(cg, target)
             elif kind == "attr":
-                target[0].source.emit(cg)
-                cg.store_attr(target[1])
+                self._store_attr(cg, *target)
             elif kind == "global":
                 cg.load_const(target[0])
                 cg.load_const(target[1])
@@ -118,6 +117,27 @@ class SideEffects:
             else:
                 cg.load_const(target)
                 cg.store_attr("cell_contents")
+
+    @staticmethod
+    def _store_attr(cg: Any, obj: Value, name: str) -> None:
+        """`obj.name = <top of stack>`. The ledger holds the final state of the instance
+        dict: for a class with its own `__setattr__` in Python (which the trace inlined, so
+        its effects are already in the ledger) the store bypasses it with
+        `object.__setattr__`, or the replay would run it a second time."""
+        from ember.capture.values.objects import UserObjectValue, python_override
+
+        if not (isinstance(obj, UserObjectValue) and python_override(obj.cls, "__setattr__")):
+            obj.source.emit(cg)
+            cg.store_attr(name)
+            return
+        cg.push_null()  # stack: value, NULL, object.__setattr__, obj, name, value
+        cg.load_const(object.__setattr__)
+        obj.source.emit(cg)
+        cg.load_const(name)
+        cg.copy(5)
+        cg.call(3)
+        cg.pop_top()
+        cg.pop_top()
 
     @staticmethod
     def _store_contents(cg: Any, container: Value) -> None:

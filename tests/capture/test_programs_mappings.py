@@ -406,3 +406,71 @@ def test_setattr_alias_on_argument_replays_to_the_real_attribute():
 
 
 TABLE: dict = {}
+
+
+class CountedWrites:
+    """A `__setattr__` with an effect of its own: the replay must not run it again."""
+
+    def __init__(self):
+        self.value = 1.0
+
+    def __setattr__(self, name, value):
+        object.__setattr__(self, "writes", self.__dict__.get("writes", 0) + 1)
+        object.__setattr__(self, name, value)
+
+
+def test_overridden_setattr_runs_once_per_write():
+    def f(c, x):
+        c.value = c.value * 2
+        c.other = 3
+        return x * c.value
+
+    check_against_eager(f, CountedWrites(), x4(), frames=1)
+
+
+def test_instance_dict_sees_writes_of_the_trace():
+    def f(c, x):
+        c.scale = 5.0
+        c.fresh = x * 2
+        d = c.__dict__
+        return x * d.get("scale") + d["fresh"] + ("fresh" in d)
+
+    check_against_eager(f, AliasConfig(), x4(), frames=1)
+
+
+class Lazy:
+    @property
+    def missing(self):
+        raise AttributeError("not yet")
+
+    @property
+    def broken(self):
+        raise ValueError("broken")
+
+
+def p_hasattr_property_raising_attribute_error(x):
+    return x + 1 if hasattr(Lazy(), "missing") else x - 1
+
+
+def p_hasattr_and_getattr_on_a_class(x):
+    return x * getattr(Lazy, "scale", 2.0) if not hasattr(Lazy, "nothing") else x
+
+
+@pytest.mark.parametrize(
+    "fn", [p_hasattr_property_raising_attribute_error, p_hasattr_and_getattr_on_a_class]
+)
+def test_hasattr_sees_attribute_errors(fn):
+    check_against_eager(fn, x4(), frames=1)
+
+
+def test_hasattr_lets_other_exceptions_through():
+    """Python's hasattr only swallows AttributeError: a property raising ValueError must not
+    read as a missing attribute."""
+
+    def f(x):
+        return x + 1 if hasattr(Lazy(), "broken") else x - 1
+
+    with pytest.raises(ember.Unsupported):
+        ember.compile(f, backend="eager", fullgraph=True)(x4())
+    with pytest.raises(ValueError, match="broken"):
+        ember.compile(f, backend="eager")(x4())

@@ -27,6 +27,15 @@ class NotConstant(Unsupported):
         super().__init__(reason, f"{description} is needed as a Python value here")
 
 
+class MissingAttribute(Unsupported):
+    """An AttributeError in the traced code (a missing attribute, or an AttributeError a
+    property or `__getattr__` raises). `hasattr` and `getattr` with a default catch exactly
+    this; any other exception inside them propagates, as in Python."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(BreakReason.EXCEPTION_RAISED, f"AttributeError: {detail}")
+
+
 class Value:
     source: Source | None = None
 
@@ -112,9 +121,7 @@ class ConstantValue(Value):
         try:
             attr = getattr(self.value, name)
         except AttributeError as exc:
-            raise Unsupported(
-                BreakReason.EXCEPTION_RAISED, f"{self.describe()} has no attribute {name!r}"
-            ) from exc
+            raise MissingAttribute(f"{self.describe()} has no attribute {name!r}") from exc
         if callable(attr) and not isinstance(attr, type):
             return BuiltinValue(attr)
         return ConstantValue(attr)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ember.capture.values.base import ConstantValue, Value, all_constant
+from ember.capture.values.base import ConstantValue, MissingAttribute, Value, all_constant
 from ember.capture.values.containers import (
     DictValue,
     IteratorValue,
@@ -137,11 +137,9 @@ def _getattr(tx, args, kwargs):
     if len(args) == 3:
         try:
             return args[0].getattr(tx, name)
-        except Unsupported as exc:
-            if exc.reason is BreakReason.EXCEPTION_RAISED:
-                _guard_missing(tx, args[0], name)
-                return args[2]
-            raise
+        except MissingAttribute:
+            _guard_missing(tx, args[0], name)
+            return args[2]
     return args[0].getattr(tx, name)
 
 
@@ -150,11 +148,9 @@ def _hasattr(tx, args, kwargs):
     name = args[1].as_constant()
     try:
         args[0].getattr(tx, name)
-    except Unsupported as exc:
-        if exc.reason is BreakReason.EXCEPTION_RAISED:
-            _guard_missing(tx, args[0], name)
-            return ConstantValue(False)
-        raise
+    except MissingAttribute:
+        _guard_missing(tx, args[0], name)
+        return ConstantValue(False)
     return ConstantValue(True)
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ember.capture.sources import Source
-from ember.capture.values.base import ConstantValue, Value, all_constant
+from ember.capture.values.base import ConstantValue, MissingAttribute, Value, all_constant
 from ember.errors import BreakReason, Unsupported
 
 if TYPE_CHECKING:
@@ -103,9 +103,7 @@ def function_attribute(tx: Translator, owner: Value, fn: types.FunctionType, nam
         return tx.ctx.builder.wrap_const(fn.__dict__[name])
     if name == "__dict__" or hasattr(types.FunctionType, name):
         return Value.getattr(owner, tx, name)
-    raise Unsupported(
-        BreakReason.EXCEPTION_RAISED, f"function {_name(fn)!r} has no attribute {name!r}"
-    )
+    raise MissingAttribute(f"function {_name(fn)!r} has no attribute {name!r}")
 
 
 class RealCell:

@@ -268,13 +268,14 @@ def wrap_dict_object(tx_builder: Any, value: dict, source: Source) -> DictObject
 
 class InstanceDictValue(Value):
     """`obj.__dict__` of an object from outside the function. Reading one entry (`get`,
-    `[]`, `in`: transformers' configs do so on every attribute read) guards only that entry
-    and whether the key is present; anything else (iteration, len, keys()) reads the whole
-    dict, every entry guarded. Writes are refused: the ledger records attribute writes, and
-    the owner refuses those after its `__dict__` was read."""
+    `[]`, `in`: transformers' configs do so on every attribute read) sees the trace's own
+    attribute writes first, else guards only that entry and whether its key is present.
+    Anything else (iteration, len, keys()) reads the whole dict, every entry guarded: only
+    before the trace writes attributes of the object, and it refuses such writes after."""
 
-    def __init__(self, real: dict, source: Source) -> None:
-        self.real = real
+    def __init__(self, owner: UserObjectValue, source: Source) -> None:
+        self.owner = owner
+        self.real = owner.obj.__dict__
         self.source = source
         self._whole: Value | None = None
 
@@ -284,32 +285,42 @@ class InstanceDictValue(Value):
     def python_type(self) -> type:
         return dict
 
-    def _present(self, tx: Translator, key: Value) -> tuple[Any, bool]:
+    def _lookup(self, tx: Translator, key: Value) -> Value | None:
+        """The entry for `key`, or None when it is absent."""
         from ember.capture.guards import GuardKind
 
         k = key.as_constant()
         if type(k) is not str:
             raise Unsupported(BreakReason.UNSUPPORTED_OPERATOR, f"__dict__ key {k!r}")
+        pending = tx.ctx.effects.load_attr(self.owner, k)
+        if pending is not None:
+            return pending
         present = k in self.real
         tx.ctx.guards.add(GuardKind.DICT_CONTAINS, self.source, (k, present))
-        return k, present
-
-    def _entry(self, tx: Translator, k: str) -> Value:
+        if not present:
+            return None
         return tx.ctx.builder.wrap(self.real[k], ItemSource(self.source, k))
 
     def whole(self, tx: Translator) -> Value:
         if self._whole is None:
+            if tx.ctx.effects.has_attr_writes(self.owner):
+                raise Unsupported(
+                    BreakReason.SIDE_EFFECT,
+                    f"reading all of __dict__ of {self.owner.describe()} after the trace set "
+                    "attributes on it",
+                )
+            self.owner.dict_read = True
             self._whole = tx.ctx.builder.wrap(self.real, self.source)
         return self._whole
 
     def getitem(self, tx: Translator, key: Value) -> Value:
-        k, present = self._present(tx, key)
-        if not present:
-            raise Unsupported(BreakReason.EXCEPTION_RAISED, f"KeyError: {k!r}")
-        return self._entry(tx, k)
+        entry = self._lookup(tx, key)
+        if entry is None:
+            raise Unsupported(BreakReason.EXCEPTION_RAISED, f"KeyError: {key.describe()}")
+        return entry
 
     def contains(self, tx: Translator, key: Value) -> bool:
-        return self._present(tx, key)[1]
+        return self._lookup(tx, key) is not None
 
     def getattr(self, tx: Translator, name: str) -> Value:
         from ember.capture.values.functions import MethodValue
@@ -320,9 +331,9 @@ class InstanceDictValue(Value):
 
     def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
         if name == "get" and args and not kwargs:
-            k, present = self._present(tx, args[0])
-            if present:
-                return self._entry(tx, k)
+            entry = self._lookup(tx, args[0])
+            if entry is not None:
+                return entry
             return args[1] if len(args) > 1 else ConstantValue(None)
         if name == "__contains__":
             return ConstantValue(self.contains(tx, args[0]))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ember.capture.sources import AttrSource, ConstSource, ItemSource, ModuleEntrySource, Source
-from ember.capture.values.base import ConstantValue, Value
+from ember.capture.values.base import ConstantValue, MissingAttribute, Value
 from ember.capture.values.functions import BoundMethodValue, UserFunctionValue
 from ember.errors import BreakReason, Unsupported
 
@@ -37,10 +37,7 @@ def _class_attribute(tx: Translator, owner: Value, cls: type, name: str, source)
         fallback = getattr(cls, "__getattr__", None)
         if isinstance(fallback, types.FunctionType) and not issubclass(cls, torch.nn.Module):
             return UserFunctionValue(fallback).call(tx, [owner, ConstantValue(name)], {})
-        raise Unsupported(
-            BreakReason.EXCEPTION_RAISED,
-            f"{cls.__name__!r} object has no attribute {name!r}",
-        )
+        raise MissingAttribute(f"{cls.__name__!r} object has no attribute {name!r}")
     if isinstance(attr, types.FunctionType):
         return BoundMethodValue(UserFunctionValue(attr), owner)
     if isinstance(attr, property) and isinstance(attr.fget, types.FunctionType):
@@ -257,23 +254,15 @@ class UserObjectValue(Value):
     def _instance_dict(self, tx: Translator) -> Value:
         """`obj.__dict__`. For an object made during capture, a dict that shares its storage
         with the attributes (writes through it are attribute writes). For one from outside,
-        its real `__dict__`, read only while no attribute write of the trace is pending
-        (later writes refuse to happen, see `generic_setattr`)."""
+        a view that reads entries as attribute reads do (see InstanceDictValue)."""
         from ember.capture.values.containers import DictValue
+        from ember.capture.values.mappings import InstanceDictValue
 
         if self.is_new:
             view = DictValue({})
             view.items = self.attrs
             return view
-        if tx.ctx.effects.has_attr_writes(self):
-            raise Unsupported(
-                BreakReason.SIDE_EFFECT,
-                f"reading __dict__ of {self.describe()} after the trace set attributes on it",
-            )
-        from ember.capture.values.mappings import InstanceDictValue
-
-        self.dict_read = True
-        return InstanceDictValue(self.obj.__dict__, AttrSource(self.source, "__dict__"))
+        return InstanceDictValue(self, AttrSource(self.source, "__dict__"))
 
     def setattr(self, tx: Translator, name: str, value: Value) -> None:
         override = python_override(self.cls, "__setattr__")
@@ -305,7 +294,7 @@ class UserObjectValue(Value):
         elif getattr(self, "dict_read", False):
             raise Unsupported(
                 BreakReason.SIDE_EFFECT,
-                f"setting {name!r} on {self.describe()} after the trace read its __dict__",
+                f"setting {name!r} on {self.describe()} after the trace read its whole __dict__",
             )
         else:
             tx.ctx.effects.store_attr(self, name, value)
@@ -421,7 +410,11 @@ class ClassValue(Value):
                     return tx.ctx.builder.wrap_const(attr.__func__)
                 break
         # a class attribute may be rebound between calls: read it through a guarded source
-        return tx.ctx.builder.wrap(getattr(self.cls, name), AttrSource(self._source(), name))
+        try:
+            attr = getattr(self.cls, name)
+        except AttributeError as exc:
+            raise MissingAttribute(f"class {self.cls.__name__!r} has no {name!r}") from exc
+        return tx.ctx.builder.wrap(attr, AttrSource(self._source(), name))
 
     def _source(self) -> Source:
         return self.source or ConstSource(self.cls, self.cls.__qualname__)
@@ -439,6 +432,8 @@ class ClassValue(Value):
                 values[f] if f in values else tx.ctx.builder.wrap_const(defaults[f]) for f in fields
             ]
             return TupleValue(items, struct_type=cls)
+        if issubclass(cls, AttributeError):  # about to be raised: hasattr() must see it
+            raise MissingAttribute(f"the traced code raises {cls.__name__}")
         if issubclass(cls, BaseException):
             raise Unsupported(BreakReason.EXCEPTION_RAISED, f"constructing {cls.__name__}")
         if issubclass(cls, torch.nn.Module):
@@ -494,9 +489,7 @@ class PyModuleValue(Value):
         try:
             attr = getattr(self.module, name)
         except AttributeError as exc:
-            raise Unsupported(
-                BreakReason.EXCEPTION_RAISED, f"module {self.module.__name__} has no {name!r}"
-            ) from exc
+            raise MissingAttribute(f"module {self.module.__name__} has no {name!r}") from exc
         if self.module.__name__.split(".")[0] in ("torch", "math", "operator", "functools"):
             return tx.ctx.builder.wrap_const(attr)
         if self.source is not None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ember.capture.values.base import ConstantValue, Value
+from ember.capture.values.base import ConstantValue, MissingAttribute, Value
 from ember.capture.values.meta import is_data_dependent_error, result_device, run_on_meta
 from ember.errors import BreakReason, Unsupported
 
@@ -138,9 +138,7 @@ class TensorValue(Value):
             return MethodValue(self, name)
         if not hasattr(torch.Tensor, name):
             # what eager raises: getattr(x, name, default) and hasattr(x, name) rely on it
-            raise Unsupported(
-                BreakReason.EXCEPTION_RAISED, f"AttributeError: tensor has no attribute {name!r}"
-            )
+            raise MissingAttribute(f"tensor has no attribute {name!r}")
         raise Unsupported(BreakReason.UNSUPPORTED_ATTRIBUTE, f"tensor attribute {name!r}")
 
     def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
