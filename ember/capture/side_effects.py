@@ -39,6 +39,11 @@ class SideEffects:
         entry = self._attrs.get(id(obj))
         return entry[1].get(name) if entry else None
 
+    def drop_attr(self, obj: Value, name: str) -> None:
+        """Forget a pending attribute write (the attribute is deleted again)."""
+        self.version += 1
+        del self._attrs[id(obj)][1][name]
+
     def has_attr_writes(self, obj: Value) -> bool:
         entry = self._attrs.get(id(obj))
         return bool(entry and entry[1])

@@ -474,3 +474,26 @@ def test_hasattr_lets_other_exceptions_through():
         ember.compile(f, backend="eager", fullgraph=True)(x4())
     with pytest.raises(ValueError, match="broken"):
         ember.compile(f, backend="eager")(x4())
+
+
+def p_temporary_config_flag(c, x):
+    """merge_with_config_defaults: set a flag on the config around the call, then delete it."""
+    c.is_causal = True
+    try:
+        out = x * 2 if c.is_causal else x
+    finally:
+        del c.is_causal
+    return out + hasattr(c, "is_causal")
+
+
+def p_delete_attribute_of_new_object(x):
+    c = Celsius(x)
+    c.extra = x * 3
+    del c.extra
+    return c.degrees + hasattr(c, "extra")
+
+
+@pytest.mark.parametrize("fn", [p_temporary_config_flag, p_delete_attribute_of_new_object])
+def test_delete_attribute(fn):
+    args = (AliasConfig(), x4()) if fn is p_temporary_config_flag else (x4(),)
+    check_against_eager(fn, *args, frames=1)

@@ -54,7 +54,11 @@ def store_attr(tx, inst):
 
 @handler(Op.DELETE_ATTR)
 def delete_attr(tx, inst):
-    raise Unsupported(BreakReason.SIDE_EFFECT, f"deleting attribute {inst.argval!r}")
+    obj = tx.pop()
+    delete = getattr(obj, "delattr", None)
+    if delete is None:
+        raise Unsupported(BreakReason.SIDE_EFFECT, f"deleting attribute {inst.argval!r}")
+    delete(tx, inst.argval)
 
 
 @handler(Op.MAKE_CELL)

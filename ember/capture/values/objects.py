@@ -271,6 +271,31 @@ class UserObjectValue(Value):
             return
         self.generic_setattr(tx, name, value)
 
+    def delattr(self, tx: Translator, name: str) -> None:
+        """`del obj.name` of an instance attribute. Modelled where the ledger can say it
+        exactly: on an object made during capture, and on one from outside for an attribute
+        the trace itself created (a try/finally that sets then deletes a temporary flag:
+        transformers' `config.is_causal`); anything else is refused."""
+        from ember.capture.guards import GuardKind
+
+        if python_override(self.cls, "__delattr__") is not None or _is_data_descriptor(
+            self.cls, name
+        ):
+            raise Unsupported(BreakReason.SIDE_EFFECT, f"deleting attribute {name!r}")
+        if self.is_new:
+            if name not in self.attrs:
+                raise MissingAttribute(f"{self.describe()} has no attribute {name!r}")
+            tx.ctx.effects.touch()
+            del self.attrs[name]
+            return
+        pending = tx.ctx.effects.load_attr(self, name)
+        if pending is None or name in getattr(self.obj, "__dict__", {}):
+            raise Unsupported(BreakReason.SIDE_EFFECT, f"deleting attribute {name!r}")
+        tx.ctx.guards.add(
+            GuardKind.DICT_CONTAINS, AttrSource(self.source, "__dict__"), (name, False)
+        )
+        tx.ctx.effects.drop_attr(self, name)
+
     def generic_setattr(self, tx: Translator, name: str, value: Value) -> None:
         """`object.__setattr__`: a property's setter is inlined, other data descriptors
         (slots, C members) are refused, anything else is an instance-dict write."""
