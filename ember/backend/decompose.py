@@ -34,7 +34,8 @@ def _keep_size(size, dims):
 
 
 def _softmax_parts(ctx: LowerCtx, x: Value, dim: int):
-    """(shifted input, row max, sum of exp) of a numerically stable softmax over `dim`."""
+    """(shifted input, exp of it, sum of exp, dims, row max) of a numerically stable
+    softmax over `dim`."""
     if not isinstance(x.dtype, DType) or not x.dtype.is_float:
         raise NotLowered("softmax of a non-float")
     comp = opmath(ctx.out_dtype)
@@ -48,25 +49,43 @@ def _softmax_parts(ctx: LowerCtx, x: Value, dim: int):
     sh = LazyValue(x.size, comp, shifted)
     e = LazyValue(x.size, comp, lambda idx: pw.un(U.EXP, sh.load(idx)))
     s = reduce(ctx, e, d, ReductionType.SUM, True, ks, comp)
-    return sh, e, s, d
+    return sh, e, s, d, m
 
 
 @register(aten._softmax.default)
 def _softmax(ctx: LowerCtx, x: Value, dim: int, half_to_float: bool = False) -> Value:
-    _, e, s, d = _softmax_parts(ctx, x, dim)
+    return _normalized(ctx, x, dim, safe=False)
+
+
+@register(aten._safe_softmax.default)
+def _safe_softmax(ctx: LowerCtx, x: Value, dim: int, dtype: Any = None) -> Value:
+    """Softmax whose rows of only -inf give zeros instead of NaN (SDPA's masked rows): a row
+    is all -inf exactly when its max is, so the max that softmax computes anyway decides."""
+    if dtype is not None and DType.of(dtype) != x.dtype:
+        raise NotLowered("_safe_softmax with a dtype conversion")
+    return _normalized(ctx, x, dim, safe=True)
+
+
+def _normalized(ctx: LowerCtx, x: Value, dim: int, safe: bool) -> Value:
+    _, e, s, d, m = _softmax_parts(ctx, x, dim)
     out = ctx.out_dtype
 
     def load(idx):
         # times the reciprocal, as eager's kernel does (and cheaper than a division)
         inv = pw.un(U.RECIPROCAL, s.load(_kept(idx, d)))
-        return cast(pw.bin_(B.MUL, e.load(idx), inv), out)
+        v = pw.bin_(B.MUL, e.load(idx), inv)
+        if safe:
+            row_max = m.load(_kept(idx, d))
+            all_masked = pw.bin_(B.EQ, row_max, pw.const(float("-inf"), row_max.dtype))
+            v = pw.where(all_masked, pw.const(0.0, opmath(out)), v)
+        return cast(v, out)
 
     return LazyValue(x.size, out, load)
 
 
 @register(aten._log_softmax.default)
 def _log_softmax(ctx: LowerCtx, x: Value, dim: int, half_to_float: bool = False) -> Value:
-    sh, _, s, d = _softmax_parts(ctx, x, dim)
+    sh, _, s, d, _ = _softmax_parts(ctx, x, dim)
     out = ctx.out_dtype
 
     def load(idx):

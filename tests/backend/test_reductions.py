@@ -74,6 +74,22 @@ def test_softmax_variants_fuse_to_one_kernel():
     assert kernel_count(art) == 1
 
 
+def test_safe_softmax_zeros_fully_masked_rows_in_one_kernel():
+    # SDPA's math path: masked scores, then aten._safe_softmax (all -inf rows give 0, not NaN)
+    x = torch.randn(3, 4, 8)
+    x[2, 0, 0] = float("nan")
+    mask = torch.rand(3, 4, 8) > 0.5
+    mask[0, 1] = True
+    mask[1, 2, :3] = True
+
+    def f(x, mask):
+        return torch.ops.aten._safe_softmax(x.masked_fill(mask, float("-inf")) * 2, -1)
+
+    (art,) = check(f, x, mask)
+    assert kernel_count(art) == 1
+    assert "_safe_softmax" not in art.wrapper  # lowered, not a fallback
+
+
 def test_softmax_over_leading_dim():
     check(lambda x: torch.softmax(x, 0), torch.randn(33, 20))
 
