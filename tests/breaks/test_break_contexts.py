@@ -170,7 +170,7 @@ GRAD_CASES = [
     grad(no_grad_break_in_helper, 3, 2),
     grad(no_grad_then_print_outside, 2, 1),
     grad(grad_mode_statement_then_break, 2, 1),
-    grad(no_grad_decorated_helper, 1, 1, eager=1),
+    grad(no_grad_decorated_helper, 2, 3),
 ]
 
 
