@@ -26,7 +26,6 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
 
 from ember.aot.functionalize import (
     AliasTracker,
@@ -40,6 +39,30 @@ from ember.errors import BreakReason, Unsupported
 from ember.meta import META, no_dynamo_import, to_meta
 
 aten = torch.ops.aten
+
+
+def _map_args(fn: Callable[[Any], Any], tree: Any) -> Any:
+    """`fn` applied to the leaves of an aten call's arguments. Those only nest tuples, lists
+    and dicts, so this plain walk does what pytree's tree_map would at a fraction of its
+    cost (the tracer maps every op's arguments several times)."""
+    kind = type(tree)
+    if kind is tuple or kind is list:
+        return kind([_map_args(fn, a) for a in tree])
+    if kind is dict:
+        return {k: _map_args(fn, v) for k, v in tree.items()}
+    return fn(tree)
+
+
+def _leaves(tree: Any) -> Iterator[Any]:
+    kind = type(tree)
+    if kind is tuple or kind is list:
+        for a in tree:
+            yield from _leaves(a)
+    elif kind is dict:
+        for a in tree.values():
+            yield from _leaves(a)
+    else:
+        yield tree
 
 
 class TraceError(Unsupported):
@@ -134,12 +157,18 @@ class Tracer:
             )
         return self.aliases.read(t)
 
-    def _map(self, tree: Any) -> Any:
-        return tree_map(lambda a: self.value(a) if isinstance(a, torch.Tensor) else a, tree)
-
     def _record(self, tree: Any) -> Any:
-        """Arguments as the graph records them: tensors as value nodes, real devices."""
-        return self._real_device(self._map(tree))
+        """Arguments as the graph records them: tensors as value nodes, real devices (where
+        the program named meta)."""
+
+        def record(a: Any) -> Any:
+            if isinstance(a, torch.Tensor):
+                return self.value(a)
+            if isinstance(a, torch.device) and a.type == "meta":
+                return self.device
+            return a
+
+        return _map_args(record, tree)
 
     def _lift(self, tree: Any) -> Any:
         def lift(a: Any) -> Any:
@@ -147,14 +176,14 @@ class Tracer:
                 return self._constant(a)
             return a
 
-        return tree_map(lift, tree)
+        return _map_args(lift, tree)
 
     def _on_meta(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """Run an op on meta tensors: device arguments point at meta while it runs."""
         position = _device_position(func)
         if position is not None and position >= len(args):
             kwargs = {**kwargs, "device": META}
-        args = tree_map(lambda a: META if isinstance(a, torch.device) else a, args)
+        args = _map_args(lambda a: META if isinstance(a, torch.device) else a, args)
         try:
             return func(*args, **kwargs)
         except (RuntimeError, NotImplementedError) as e:
@@ -167,13 +196,6 @@ class Tracer:
                 ) from e
             raise
 
-    def _real_device(self, tree: Any) -> Any:
-        """Recorded arguments name the real device where the program named meta."""
-        return tree_map(
-            lambda a: self.device if isinstance(a, torch.device) and a.type == "meta" else a,
-            tree,
-        )
-
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """Record one aten op and return its (meta) result."""
         args, kwargs = self._lift((args, kwargs))
@@ -185,8 +207,7 @@ class Tracer:
         if mutated_args(func):
             return self._record_mutation(func, args, kwargs)
         out = self._on_meta(func, args, kwargs)
-        flat_out, _ = tree_flatten(out)
-        if not any(isinstance(o, torch.Tensor) for o in flat_out):
+        if not any(isinstance(o, torch.Tensor) for o in _leaves(out)):
             return out
         node = self.emit(func, self._record(args), self._record(kwargs), out)
         if is_view_op(func):
@@ -207,7 +228,7 @@ class Tracer:
     def _bind_views(self, func: Any, args: tuple, kwargs: dict, out: Any, node: fx.Node) -> None:
         src = args[0]
         rest = args[1:]
-        if any(isinstance(a, torch.Tensor) for a in tree_flatten((rest, kwargs))[0]):
+        if any(isinstance(a, torch.Tensor) for a in _leaves((rest, kwargs))):
             raise _fail(f"view op {func} with tensor arguments is not supported")
         if isinstance(out, torch.Tensor):
             self.aliases.add_view(out, src, ViewStep(func, rest, kwargs, None), node)
