@@ -124,7 +124,15 @@ def build_training(
     flat = joint.program.flat_inputs(args)
     check_input_aliasing(flat, joint.program.mutated)
     fwd = compile_aten(parts.forward, list(flat))
-    placeholders = parts.backward.graph.find_nodes(op="placeholder")
-    bwd_examples = [_example(n.meta["val"], joint.program.device) for n in placeholders]
-    bwd = compile_aten(parts.backward, bwd_examples)
-    return TrainingRuntime(joint, parts, fwd, bwd)
+
+    def compile_backward(g: fx.GraphModule) -> Callable:
+        placeholders = g.graph.find_nodes(op="placeholder")
+        return compile_aten(
+            g, [_example(n.meta["val"], joint.program.device) for n in placeholders]
+        )
+
+    if parts.split is not None:
+        # the backward runs as two autograd nodes; the unsplit graph is not compiled
+        first, second = (compile_backward(g) for g in (parts.split.first, parts.split.second))
+        return TrainingRuntime(joint, parts, fwd, None, (first, second))
+    return TrainingRuntime(joint, parts, fwd, compile_backward(parts.backward))

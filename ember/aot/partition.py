@@ -28,7 +28,7 @@ import torch.fx as fx
 
 from ember import logs
 from ember.aot.functionalize import is_view_op
-from ember.aot.schedule import peak_bytes, reorder_for_memory
+from ember.aot.schedule import BackwardSplit, peak_bytes, reorder_for_memory, split_backward
 
 aten = torch.ops.aten
 
@@ -61,6 +61,7 @@ class Partition:
     saved: list[str]  # node names, in the order they trail the forward's outputs
     saved_bytes: int
     naive_saved_bytes: int
+    split: BackwardSplit | None = None  # the backward as two autograd nodes, when that helps
 
 
 def _nbytes(node: fx.Node) -> float:
@@ -264,13 +265,17 @@ def _split(
     return forward, reorder_for_memory(backward, pinned), saved
 
 
+def _backward_peak(a: _Analysis, backward: fx.GraphModule, saved: list[fx.Node]) -> int:
+    pinned = {n.name for n in saved + a.tangents if n.op == "placeholder"}
+    resident = {n.name for n in saved if n.op != "placeholder"} | {n.name for n in a.tangents}
+    return peak_bytes(backward, pinned, resident)
+
+
 def _step_peak(a: _Analysis, forward: fx.GraphModule, backward: fx.GraphModule, saved) -> int:
     """Estimated peak bytes of a training step with these graphs: the forward's peak (its
     outputs and saved values retained) or the backward's (saved values and tangents live at
     its start, each freed after its last use), whichever is higher."""
-    pinned = {n.name for n in saved + a.tangents if n.op == "placeholder"}
-    resident = {n.name for n in saved if n.op != "placeholder"} | {n.name for n in a.tangents}
-    return max(peak_bytes(forward, set(), set()), peak_bytes(backward, pinned, resident))
+    return max(peak_bytes(forward, set(), set()), _backward_peak(a, backward, saved))
 
 
 # pointwise ops whose recomputation costs real arithmetic (a transcendental per element),
@@ -317,21 +322,51 @@ def _save_free_recomputations(
 
 
 def partition(
-    joint: fx.GraphModule, num_primals: int, num_fwd_outputs: int, *, recompute: bool = True
+    joint: fx.GraphModule,
+    num_primals: int,
+    num_fwd_outputs: int,
+    *,
+    recompute: bool = True,
+    split_stages: bool = True,
 ) -> Partition:
-    """Split the joint graph; `recompute=False` gives the naive 'save what is read'."""
+    """Split the joint graph; `recompute=False` gives the naive 'save what is read' (and
+    one backward node); `split_stages=False` keeps the backward one autograd node."""
     a = _Analysis(joint, num_primals, num_fwd_outputs)
     naive = a.naive_saved()
     if recompute:
         forward, backward, saved = _save_free_recomputations(joint, a, a.min_cut_saved())
     else:
         forward, backward, saved = _split(joint, a, naive)
+    split = None
+    if recompute and split_stages:
+        # an order that counts the tangents as released at their last read puts every
+        # tangent reader early (the weight gradient of the last layer first): the order
+        # a split after the last tangent reader wants
+        primal_saved = {n.name for n in saved if n.op == "placeholder"}
+        early = reorder_for_memory(backward, primal_saved)
+        split = split_backward(
+            early,
+            [n.name for n in saved],
+            [n.name for n in a.tangents],
+            primal_saved,
+            baseline=_backward_peak(a, backward, saved),
+        )
+    if split is not None:
+        logs.log(
+            "aot",
+            "partition: backward in two autograd nodes (%d values cross; estimated peak %d "
+            "bytes instead of %d)",
+            split.num_cross,
+            split.peak,
+            split.unsplit_peak,
+        )
     result = Partition(
         forward=forward,
         backward=backward,
         saved=[n.name for n in saved],
         saved_bytes=storage_bytes(saved),
         naive_saved_bytes=storage_bytes(naive),
+        split=split,
     )
     logs.log(
         "aot",

@@ -93,20 +93,11 @@ class _CompiledFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grad_outs: torch.Tensor | None) -> tuple:
-        if torch.is_grad_enabled():
-            # create_graph=True: the compiled backward has no derivative of its own, and a
-            # gradient missing its second-order part would be silently wrong
-            raise RuntimeError(
-                "ember aot: double backward (create_graph=True) through a compiled region is "
-                "not supported; compile only the first-order part or run it eagerly"
-            )
+        # create_graph=True: the compiled backward has no derivative of its own, and a
+        # gradient missing its second-order part would be silently wrong
+        _no_double_backward()
         runtime: TrainingRuntime = ctx.runtime
-        tangents = []
-        for k, spec in zip(runtime.diff_outputs, runtime.tangent_specs, strict=True):
-            g = grad_outs[k]
-            if g is None:
-                g = torch.zeros(spec[0], dtype=spec[1], device=spec[2])
-            tangents.append(_contiguous(g))
+        tangents = _tangents(runtime, grad_outs)
         args = [*_as_traced(ctx.saved_tensors, runtime.saved_strides), *tangents]
         del tangents, grad_outs
         ctx.maybe_clear_saved_tensors()  # frees them unless retain_graph=True
@@ -117,10 +108,119 @@ class _CompiledFunction(torch.autograd.Function):
         return (None, *result)
 
 
-class TrainingRuntime:
-    """Calls the compiled forward/backward pair through _CompiledFunction."""
+def _tangents(runtime: TrainingRuntime, grad_outs: Sequence[torch.Tensor | None]) -> list:
+    """Incoming gradients of the differentiable outputs, contiguous, zeros for None."""
+    tangents = []
+    for k, spec in zip(runtime.diff_outputs, runtime.tangent_specs, strict=True):
+        g = grad_outs[k]
+        if g is None:
+            g = torch.zeros(spec[0], dtype=spec[1], device=spec[2])
+        tangents.append(_contiguous(g))
+    return tangents
 
-    def __init__(self, joint: Any, parts: Any, fwd: Compiled, bwd: Compiled) -> None:
+
+def _no_double_backward() -> None:
+    if torch.is_grad_enabled():
+        raise RuntimeError(
+            "ember aot: double backward (create_graph=True) through a compiled region is "
+            "not supported; compile only the first-order part or run it eagerly"
+        )
+
+
+class _Holder:
+    """Hands the compiled forward's results from the upstream node to the downstream one."""
+
+    user: list | None = None
+    saved: list | None = None
+
+
+class _Upstream(torch.autograd.Function):
+    """Split backward, node 1 of 2 in forward order: runs the compiled forward; its backward
+    is the *second* backward stage, which gets the crossing values as the gradients of the
+    stand-in outputs it returns (zero-stride tensors: no memory)."""
+
+    @staticmethod
+    def forward(ctx: Any, runtime: TrainingRuntime, holder: _Holder, *flat: torch.Tensor) -> tuple:
+        outs = call_compiled(runtime.fwd, list(flat))
+        n_out = runtime.num_fwd_outputs
+        user, saved = list(outs[:n_out]), list(outs[n_out:])
+        split = runtime.split
+        ctx.runtime = runtime
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(*[saved[i] for i in runtime.second_saved])
+        holder.user, holder.saved = user, [saved[i] for i in runtime.first_saved]
+        del outs, saved
+        stand_ins = [
+            torch.zeros((), dtype=dt, device=runtime.program.device).expand(shape)
+            for shape, dt in runtime.cross_specs
+        ]
+        assert split is not None
+        return tuple(stand_ins)
+
+    @staticmethod
+    def backward(ctx: Any, *grad_cross: torch.Tensor | None) -> tuple:
+        _no_double_backward()
+        runtime: TrainingRuntime = ctx.runtime
+        cross = [
+            g if g is not None else torch.zeros(shape, dtype=dt, device=runtime.program.device)
+            for g, (shape, dt) in zip(grad_cross, runtime.cross_specs, strict=True)
+        ]
+        del grad_cross
+        args = _as_traced([*ctx.saved_tensors, *cross], runtime.second_strides)
+        del cross
+        ctx.maybe_clear_saved_tensors()
+        grads = call_compiled(runtime.bwd2, args)
+        result: list[torch.Tensor | None] = [None] * runtime.num_primals
+        for i, g in zip(runtime.second_grad_inputs, grads, strict=True):
+            result[i] = g
+        return (None, None, *result)
+
+
+class _Downstream(torch.autograd.Function):
+    """Split backward, node 2 of 2 in forward order: returns the user outputs; its backward
+    is the first backward stage (the tangents die with it), returning the crossing values
+    as the stand-ins' gradients."""
+
+    @staticmethod
+    def forward(ctx: Any, runtime: TrainingRuntime, holder: _Holder, *args: torch.Tensor) -> tuple:
+        user, saved = holder.user, holder.saved
+        holder.user = holder.saved = None
+        assert user is not None and saved is not None
+        ctx.runtime = runtime
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(*saved)
+        non_diff = [o for k, o in enumerate(user) if k not in runtime.diff_set]
+        ctx.mark_non_differentiable(*[o for o in non_diff if isinstance(o, torch.Tensor)])
+        return tuple(user)
+
+    @staticmethod
+    def backward(ctx: Any, *grad_outs: torch.Tensor | None) -> tuple:
+        _no_double_backward()
+        runtime: TrainingRuntime = ctx.runtime
+        tangents = _tangents(runtime, grad_outs)
+        args = [*_as_traced(ctx.saved_tensors, runtime.first_strides), *tangents]
+        del tangents, grad_outs
+        ctx.maybe_clear_saved_tensors()
+        outs = call_compiled(runtime.bwd1, args)
+        n = len(runtime.first_grad_inputs)
+        grads, cross = outs[:n], outs[n:]
+        by_input = dict(zip(runtime.first_grad_inputs, grads, strict=True))
+        result = [by_input.get(i) for i in runtime.first_inputs]
+        return (None, None, *cross, *result)
+
+
+class TrainingRuntime:
+    """Calls the compiled forward/backward pair through _CompiledFunction, or through
+    _Upstream/_Downstream when the partitioner split the backward in two."""
+
+    def __init__(
+        self,
+        joint: Any,
+        parts: Any,
+        fwd: Compiled,
+        bwd: Compiled | None,
+        stages: tuple[Compiled, Compiled] | None = None,
+    ) -> None:
         self.program: Program = joint.program
         self.parts = parts
         self.fwd = fwd
@@ -138,10 +238,36 @@ class TrainingRuntime:
         n_saved = len(parts.saved)
         backward_inputs = list(parts.backward.graph.find_nodes(op="placeholder"))[:n_saved]
         self.saved_strides = [n.meta["val"].stride() for n in backward_inputs]
+        self.split = parts.split if stages is not None else None
+        if self.split is not None:
+            self._init_split(parts, stages)
+
+    def _init_split(self, parts: Any, stages: Any) -> None:
+        split = self.split
+        self.bwd1, self.bwd2 = stages
+        index = {name: i for i, name in enumerate(parts.saved)}
+        self.first_saved = [index[n] for n in split.first_saved]
+        self.second_saved = [index[n] for n in split.second_saved]
+        # gradient outputs of the backward -> flat input positions, per stage
+        self.first_grad_inputs = [self.grad_inputs[i] for i in split.first_grads]
+        self.second_grad_inputs = [self.grad_inputs[i] for i in split.second_grads]
+        self.first_inputs = sorted(set(self.first_grad_inputs))
+        first_ph = list(split.first.graph.find_nodes(op="placeholder"))
+        second_ph = list(split.second.graph.find_nodes(op="placeholder"))
+        self.first_strides = [n.meta["val"].stride() for n in first_ph[: len(self.first_saved)]]
+        self.second_strides = [n.meta["val"].stride() for n in second_ph]
+        cross = second_ph[len(self.second_saved) :]
+        self.cross_specs = [(n.meta["val"].shape, n.meta["val"].dtype) for n in cross]
 
     def __call__(self, args: Sequence[Any]) -> Any:
         flat = self.program.flat_inputs(args)
         check_input_aliasing(flat, self.program.mutated)
-        outs = _CompiledFunction.apply(self, *flat)
+        if self.split is not None:
+            holder = _Holder()
+            stand_ins = _Upstream.apply(self, holder, *flat)
+            firsts = [flat[i] for i in self.first_inputs]
+            outs = _Downstream.apply(self, holder, *stand_ins, *firsts)
+        else:
+            outs = _CompiledFunction.apply(self, *flat)
         apply_mutations(self.program, flat, outs)
         return build_outputs(self.program, flat, outs)

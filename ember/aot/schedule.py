@@ -16,6 +16,7 @@ backward graphs; the pass refuses graphs that contain them).
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
@@ -63,7 +64,12 @@ class _Memory:
             n: 0 if _is_view(n) or n.target is operator.getitem else _nbytes(n.meta.get("val"))
             for n in nodes
         }
-        self.size = {n: _nbytes(n.meta.get("val")) if n.op == "call_function" else 0 for n in nodes}
+        # placeholders count too: a boxed backward frees a saved activation at its last use
+        # (pinned ones, never released, are kept out by their pending count)
+        self.size = {
+            n: _nbytes(n.meta.get("val")) if n.op in ("call_function", "placeholder") else 0
+            for n in nodes
+        }
         for n in nodes:
             if isinstance(n.meta.get("val"), list | tuple):
                 self.size[n] = 0  # tuple results are owned by their getitems
@@ -122,23 +128,38 @@ def reorder_for_memory(gm: fx.GraphModule, pinned_names: set[str]) -> fx.GraphMo
     return fx.GraphModule(gm, graph)
 
 
-def peak_bytes(gm: fx.GraphModule, pinned_names: set[str], resident_names: set[str]) -> int:
+def peak_bytes(
+    gm: fx.GraphModule,
+    pinned_names: set[str],
+    resident_names: set[str],
+    release_after: dict[str, set[str]] | None = None,
+) -> int:
     """Peak bytes of running gm in its node order, each value freed after its last use.
 
     Placeholders named in `resident_names` (saved activations, tangents) are live from the
     start and count; other placeholders (parameters, the caller's inputs) exist anyway and do
-    not. Pinned placeholders and graph outputs are never released. The partitioner compares
-    these estimates to decide whether saving a value costs peak memory."""
+    not. Pinned values and graph outputs are not released at their last use; a pinned value
+    is released after the node that `release_after` maps to it (tangents held by autograd's
+    engine until a backward stage returns). The partitioner compares these estimates."""
     nodes = list(gm.graph.nodes)
-    pinned = {n for n in nodes if n.op == "placeholder" and n.name in pinned_names}
+    pinned = {n for n in nodes if n.name in pinned_names}
+    by_name = {n.name: n for n in nodes}
     mem = _Memory(nodes, pinned)
     size = dict(mem.size)
     live = 0
     for n in nodes:
-        if n.op == "placeholder" and n.name in resident_names:
-            size[n] = _nbytes(n.meta.get("val"))
+        if n.op == "placeholder":
+            size[n] = _nbytes(n.meta.get("val")) if n.name in resident_names else 0
             live += size[n]
     peak = live
+    released: set[fx.Node] = set()
+
+    def release(o: fx.Node) -> int:
+        if o in released:
+            return 0
+        released.add(o)
+        return size[o]
+
     for n in nodes:
         if n.op in ("placeholder", "output", "get_attr"):
             continue
@@ -148,7 +169,146 @@ def peak_bytes(gm: fx.GraphModule, pinned_names: set[str], resident_names: set[s
             o = mem.owner[i]
             mem.pending[o] -= 1
             if mem.pending[o] == 0:
-                live -= size[o]
+                live -= release(o)
         if not n.users and mem.pending[mem.owner[n]] == 0:
-            live -= size[mem.owner[n]]
+            live -= release(mem.owner[n])
+        for name in (release_after or {}).get(n.name, ()):
+            live -= release(mem.owner[by_name[name]])
     return peak
+
+
+@dataclass
+class BackwardSplit:
+    """A backward graph cut into two autograd nodes, so the tangents (which autograd's engine
+    holds for as long as the node that receives them runs) are released after the first.
+
+    first: (saved it reads..., tangents...) -> (its gradients..., crossing values...)
+    second: (saved it reads..., crossing values...) -> (its gradients...)
+    The crossing values reach the second node as the gradients of placeholder outputs."""
+
+    first: fx.GraphModule
+    second: fx.GraphModule
+    first_saved: list[str]  # names of the backward's saved placeholders, in input order
+    second_saved: list[str]
+    first_grads: list[int]  # positions among the backward's outputs
+    second_grads: list[int]
+    num_cross: int
+    peak: int  # estimated peak bytes, and the unsplit backward's
+    unsplit_peak: int
+
+
+MAX_SPLIT_TRIALS = 64  # split points evaluated (each is a linear simulation)
+MIN_SPLIT_GAIN = 1 << 18  # a second autograd node costs per-call time: split for >= 256 KiB
+
+
+def split_backward(
+    gm: fx.GraphModule,
+    saved: list[str],
+    tangents: list[str],
+    primals: set[str],
+    baseline: int | None = None,
+) -> BackwardSplit | None:
+    """The split point after the last reader of a tangent that lowers the estimated peak
+    most, or None when no split lowers it below `baseline` (the unsplit backward's peak).
+    A split pins the crossing values for the whole second stage (the engine holds them as
+    its incoming gradients), so it only pays when the tangents are bigger than what stays
+    pinned: an MLP's output gradient (batch x d_out) against the activation gradient that
+    the last weight-gradient GEMM reads anyway."""
+    nodes = list(gm.graph.nodes)
+    body = [n for n in nodes if n.op not in ("placeholder", "output", "get_attr")]
+    pos = {n: i for i, n in enumerate(body)}
+    tangent_nodes = [n for n in nodes if n.op == "placeholder" and n.name in tangents]
+    readers = [pos[u] for t in tangent_nodes for u in t.users if u in pos]
+    if not readers or max(readers) >= len(body) - 1:
+        return None
+    owner = _Memory(nodes, set()).owner
+    resident = {n for n in saved if n not in primals} | set(tangents)
+    unsplit = peak_bytes(gm, primals | set(tangents), resident)
+    if baseline is not None:
+        unsplit = min(unsplit, baseline)  # the peak of the order used when not splitting
+    start = max(readers)
+    step = max(1, (len(body) - 1 - start) // MAX_SPLIT_TRIALS)
+    best: tuple[int, int, list[fx.Node]] | None = None
+    for k in range(start, len(body) - 1, step):
+        first_body, second_body, cross = _stages(body, k)
+        if any(owner[c] in tangent_nodes for c in cross):
+            continue  # a view of a tangent crosses: the tangent is not released
+        if not all(_differentiable(c.meta.get("val")) for c in cross):
+            continue  # only floating tensors travel as gradients (bool masks would be lost)
+        pinned = primals | set(tangents) | {c.name for c in cross}
+        peak = peak_bytes(gm, pinned, resident, {first_body[-1].name: set(tangents)})
+        if best is None or peak < best[0]:
+            best = (peak, k, cross)
+    if best is None or best[0] > unsplit - MIN_SPLIT_GAIN:
+        return None
+    peak, k, _ = best
+    first_body, second_body, cross = _stages(body, k)
+    first = set(first_body)
+    outs = list(nodes[-1].args[0])
+    in_first = [isinstance(g, fx.Node) and (g in first or g.op == "placeholder") for g in outs]
+    first_grads = [i for i, f in enumerate(in_first) if f]
+    second_grads = [i for i, f in enumerate(in_first) if not f]
+    saved_nodes = [n for n in nodes if n.op == "placeholder" and n.name in saved]
+    reads_first = {i for n in first for i in n.all_input_nodes}
+    reads_first |= {outs[i] for i in first_grads}
+    reads_second = {i for n in second_body for i in n.all_input_nodes}
+    s1 = [n for n in saved_nodes if n in reads_first]
+    s2 = [n for n in saved_nodes if n in reads_second]
+    g1 = _subgraph(gm, [*s1, *tangent_nodes], first_body, [outs[i] for i in first_grads] + cross)
+    g2 = _subgraph(gm, [*s2, *cross], second_body, [outs[i] for i in second_grads])
+    return BackwardSplit(
+        first=g1,
+        second=g2,
+        first_saved=[n.name for n in s1],
+        second_saved=[n.name for n in s2],
+        first_grads=first_grads,
+        second_grads=second_grads,
+        num_cross=len(cross),
+        peak=peak,
+        unsplit_peak=unsplit,
+    )
+
+
+def _differentiable(val: object) -> bool:
+    return isinstance(val, torch.Tensor) and (val.is_floating_point() or val.is_complex())
+
+
+def _stages(body: list[fx.Node], k: int) -> tuple[list[fx.Node], list[fx.Node], list[fx.Node]]:
+    """Nodes of the two stages when splitting after body[k], and the values that cross.
+    Views and getitems of first-stage values (the t(t(mm)) of a weight gradient) join the
+    first stage: they are free, and the second then receives what it computes with."""
+    first_body, second_body = body[: k + 1], []
+    first = set(first_body)
+    for n in body[k + 1 :]:
+        free = _is_view(n) or n.target is operator.getitem
+        if free and all(i in first or i.op != "call_function" for i in n.all_input_nodes):
+            first_body.append(n)
+            first.add(n)
+        else:
+            second_body.append(n)
+    second = set(second_body)
+    cross = [n for n in first_body if any(u in second for u in n.users)]
+    return first_body, second_body, cross
+
+
+def _subgraph(
+    gm: fx.GraphModule, inputs: list[fx.Node], body: list[fx.Node], outputs: list
+) -> fx.GraphModule:
+    """A graph of `body` (in order) taking `inputs` as placeholders and returning `outputs`."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for n in inputs:
+        p = graph.placeholder(n.name)
+        p.meta = dict(n.meta)
+        env[n] = p
+    for n in gm.graph.nodes:
+        if n.op == "get_attr":
+            env[n] = graph.node_copy(n, lambda x: env[x])
+    for n in body:
+        if n not in env:
+            env[n] = graph.node_copy(n, lambda x: env[x])
+    result = tuple(env[o] if isinstance(o, fx.Node) else o for o in outputs)
+    out = graph.output(result)
+    out.meta["val"] = tuple(r.meta.get("val") if isinstance(r, fx.Node) else r for r in result)
+    graph.eliminate_dead_code()
+    return fx.GraphModule(gm, graph)

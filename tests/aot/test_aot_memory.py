@@ -95,3 +95,69 @@ def test_reuse_is_refused_when_holding_the_donor_would_raise_the_peak():
     live = [4, 6, 6]
     assert memory._take(donors, 2, live, held, peak=10, size=4) == "buf0"
     assert held == [0, 4, 0] and donors == []
+
+
+def _wide_mlp():
+    # weights (4 MiB each) dominate the activations: the step's peak is the last
+    # weight-gradient GEMM, where one backward node would still hold the output gradient
+    return nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 512))
+
+
+@pytest.fixture
+def always_split(monkeypatch):
+    """Split every backward that can be split, whatever the memory estimate says."""
+    from ember.aot import schedule
+
+    monkeypatch.setattr(schedule, "MIN_SPLIT_GAIN", -(1 << 60))
+
+
+def test_backward_split_in_two_nodes_when_the_tangent_would_raise_the_peak():
+    import torch.fx as fx
+
+    from ember.aot.joint import trace_joint
+    from ember.aot.partition import partition
+
+    x = torch.randn(128, 512)
+    joint = trace_joint(fx.symbolic_trace(_wide_mlp()), [x])
+    parts = partition(joint.gm, joint.num_primals, joint.num_fwd_outputs)
+    split = parts.split
+    assert split is not None and split.peak < split.unsplit_peak
+    tangents = {n.name for n in joint.gm.graph.nodes if n.name.startswith("tangents")}
+    second_inputs = {n.name for n in split.second.graph.find_nodes(op="placeholder")}
+    assert not tangents & second_inputs  # the second stage never sees the tangent
+    one = partition(joint.gm, joint.num_primals, joint.num_fwd_outputs, split_stages=False)
+    assert one.split is None
+
+
+@pytest.mark.parametrize("via", ["aot_eager", "ember"])
+def test_split_backward_gradients_retain_graph_and_double_backward(via, always_split, caplog):
+    import logging
+
+    from ember.aot import aot_eager
+
+    caplog.set_level(logging.DEBUG, logger="ember.aot")
+
+    torch.manual_seed(0)
+    ref = _wide_mlp()
+    mod = copy.deepcopy(ref)
+    compiled = torch.compile(mod, backend=aot_eager if via == "aot_eager" else backend)
+    x = torch.randn(128, 512)
+    xr, xm = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out_r, out_m = ref(xr), compiled(xm)
+    assert "backward in two autograd nodes" in caplog.text
+    torch.testing.assert_close(out_m, out_r, atol=1e-5, rtol=1e-4)
+    for _ in range(2):  # retain_graph: both stages keep their saved values
+        out_r.square().mean().backward(retain_graph=True)
+        out_m.square().mean().backward(retain_graph=True)
+    tol = {"atol": 1e-5, "rtol": 1e-4}
+    torch.testing.assert_close(xm.grad, xr.grad, **tol)
+    for p, q in zip(mod.parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, **tol)
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(compiled(xm).sum(), xm, create_graph=True)
+    # an output whose gradient is None (unused) still gets the first stage's zeros
+    mod.zero_grad()
+    ref.zero_grad()
+    (compiled(xm) * 0).sum().backward()
+    for p in mod.parameters():
+        assert p.grad is not None and not p.grad.any()

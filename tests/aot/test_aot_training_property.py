@@ -75,3 +75,17 @@ def test_random_programs_gradients(steps, y_requires_grad):
             assert ys.grad is None
         else:
             torch.testing.assert_close(ys.grad, y.grad)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(step, min_size=1, max_size=6), st.booleans())
+def test_random_programs_gradients_with_split_backward(steps, y_requires_grad):
+    """The same programs with every splittable backward run as two autograd nodes."""
+    from ember.aot import schedule
+
+    saved = schedule.MIN_SPLIT_GAIN
+    schedule.MIN_SPLIT_GAIN = -(1 << 60)
+    try:
+        test_random_programs_gradients.hypothesis.inner_test(steps, y_requires_grad)
+    finally:
+        schedule.MIN_SPLIT_GAIN = saved
