@@ -74,6 +74,18 @@ def test_softmax_variants_fuse_to_one_kernel():
     assert kernel_count(art) == 1
 
 
+def test_softmax_computes_exp_once_and_keeps_it_in_the_output():
+    (art,) = check(lambda x: torch.softmax(x, -1), torch.randn(64, 100))
+    kernel = art.cpp[art.cpp.index('extern "C" void kernel') :]
+    # the exp-and-sum loop (vector body + tail) writes exp into the output row, which the
+    # normalizing loop then scales in place: no second exp, no scratch array
+    assert kernel.count("ember_expf(") == 2
+    assert "scratch" not in kernel
+    # two outputs of the same row: one can hold exp, so a scratch array is still needed
+    (art,) = check(lambda x: (torch.softmax(x, -1), torch.log_softmax(x, -1)), torch.randn(8, 9))
+    assert "scratch" in art.cpp
+
+
 def test_safe_softmax_zeros_fully_masked_rows_in_one_kernel():
     # SDPA's math path: masked scores, then aten._safe_softmax (all -inf rows give 0, not NaN)
     x = torch.randn(3, 4, 8)

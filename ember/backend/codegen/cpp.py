@@ -273,11 +273,9 @@ class KernelWriter:
                 self.lines.append(f"{ind}for (int64_t x{i} = 0; x{i} < {s}; ++x{i}) {{")
                 ind += "  "
         scalars: dict[str, str] = {}
-        self.stash, self.preset = _shared_across_loops(k.loops)
-        for j, exprs in self.stash.items():
-            for e, name in exprs:
-                size = k.loops[j].inner[0]
-                self.lines.append(f"{ind}{VALUE_T[e.dtype]} {name}[{size}];")
+        self.stash, self.preset, arrays = _shared_across_loops(k)
+        for dtype, name, size in arrays:
+            self.lines.append(f"{ind}{VALUE_T[dtype]} {name}[{size}];")
         for j, lp in enumerate(k.loops):
             self.loop_index = j
             self._loop(lp, ind, scalars)
@@ -353,8 +351,8 @@ class KernelWriter:
                     continue
                 comb = _COMBINE[node.reduction_type].format(a=acc, b=v)
                 self.lines.append(f"{ind}{acc} = {comb};")
-        for e, name in self.stash.get(j, []):
-            self.lines.append(f"{ind}{name}[r0] = {pr.memo[e]};")
+        for e, ref in self.stash.get(j, []):
+            self.lines.append(f"{ind}{ref} = {pr.memo[e]};")
 
     def _loop(self, lp: Loop, ind: str, scalars: dict[str, str]) -> None:
         reds = [n for n in lp.nodes if isinstance(n, ir.Reduction)]
@@ -470,17 +468,25 @@ def _expensive(e: ir.Expr) -> bool:
     return any(isinstance(x, ir.Unary) and x.op in _EXPENSIVE for x in ir.walk(e))
 
 
-def _shared_across_loops(loops: tuple[Loop, ...]):
+def _shared_across_loops(k: Kernel):
     """Transcendental subexpressions an earlier loop over the same row computes and a later
-    loop needs again: the earlier loop keeps them in a per-row scratch array (softmax's exp
-    is computed once, not twice). Returns ({loop: [(expr, array)]}, {loop: {expr: ref}})."""
+    loop needs again (softmax's exp is computed once, not twice). The earlier loop keeps them
+    where the later one reads them: in the later loop's own output element when that loop
+    only writes that output, in the same dtype (the later loop reads each element before it
+    overwrites it; nothing else in the kernel reads that output, and the memory plan never
+    gives a kernel's output the storage of something the kernel reads), else in a per-row
+    scratch array on the stack. Returns ({loop: [(expr, ref)]}, {loop: {expr: ref}},
+    [(dtype, array, size)] to declare)."""
+    loops = k.loops
     stash: dict[int, list] = {}
     preset: dict[int, dict] = {}
+    arrays: list[tuple[DType, str, int]] = []
     subs = [_subexprs(lp) for lp in loops]
-    count = 0
     for j, lp in enumerate(loops):
         if len(lp.inner) != 1 or lp.inner[0] > MAX_SCRATCH:
             continue
+        own = lp.nodes[0] if len(lp.nodes) == 1 else None
+        in_output = isinstance(own, ir.Pointwise) and own.name not in k.local
         for i in range(j):
             if loops[i].inner != lp.inner:
                 continue
@@ -490,11 +496,16 @@ def _shared_across_loops(loops: tuple[Loop, ...]):
                 e for e in shared if not any(e is not f and e in set(ir.walk(f)) for f in shared)
             ]
             for e in top:
-                name = f"scratch{count}"
-                count += 1
-                stash.setdefault(i, []).append((e, name))
-                preset.setdefault(j, {})[e] = f"{name}[r0]"
-    return stash, preset
+                if in_output and own.dtype == e.dtype:
+                    ref = f"{own.name}[{indexing.to_c(own.index)}]"
+                    in_output = False
+                else:
+                    name = f"scratch{len(arrays)}"
+                    arrays.append((e.dtype, name, lp.inner[0]))
+                    ref = f"{name}[r0]"
+                stash.setdefault(i, []).append((e, ref))
+                preset.setdefault(j, {})[e] = ref
+    return stash, preset, arrays
 
 
 def kernel_source(k: Kernel, buffers: dict[str, ir.Buffer]) -> tuple[str, list[str]]:

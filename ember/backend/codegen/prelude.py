@@ -39,8 +39,7 @@ template <typename T> static inline T ember_min(T a, T b) { return a < b ? a : b
 static inline float ember_expf(float x) {
   /* exp(x) = 2^k1 * 2^k2 * e^r, k = k1 + k2 split so that subnormal results stay exact */
   const float hi = 88.72283935546875f, lo = -103.972084045410f;
-  float xc = x > hi ? hi : (x < lo ? lo : x);
-  xc = xc != xc ? 0.0f : xc;
+  float xc = x > hi ? hi : (x >= lo ? x : lo); /* NaN takes lo; replaced at the end */
   float k = __builtin_rintf(xc * 1.44269504088896341f);
   float r = __builtin_fmaf(k, -0.693359375f, xc);
   r = __builtin_fmaf(k, 2.12194440e-4f, r);
