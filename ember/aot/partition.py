@@ -21,6 +21,7 @@ import math
 import operator
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import networkx as nx
 import torch
@@ -28,7 +29,13 @@ import torch.fx as fx
 
 from ember import logs
 from ember.aot.functionalize import is_view_op
-from ember.aot.schedule import BackwardSplit, peak_bytes, reorder_for_memory, split_backward
+from ember.aot.schedule import (
+    MIN_SPLIT_GAIN,
+    BackwardSplit,
+    peak_bytes,
+    reorder_for_memory,
+    split_backward,
+)
 
 aten = torch.ops.aten
 
@@ -195,7 +202,8 @@ def _extract(
     inputs: list[fx.Node],
     outputs: list,
     lazy: frozenset[fx.Node] = frozenset(),
-) -> fx.GraphModule:
+    as_module: bool = True,
+) -> fx.GraphModule | fx.Graph:
     """A new graph computing `outputs` from `inputs` with the kept nodes, in joint order;
     `lazy` nodes (recomputations) are placed just before their first user, so a recomputed
     activation is not alive for the whole backward."""
@@ -228,7 +236,7 @@ def _extract(
     out = graph.output(result)
     out.meta["val"] = tuple(r.meta.get("val") if isinstance(r, fx.Node) else r for r in result)
     graph.eliminate_dead_code()
-    return fx.GraphModule(joint, graph)
+    return fx.GraphModule(joint, graph) if as_module else graph
 
 
 def _needed(outputs: Iterable, available: set[fx.Node]) -> set[fx.Node]:
@@ -249,29 +257,32 @@ def _needed(outputs: Iterable, available: set[fx.Node]) -> set[fx.Node]:
 
 
 def _split(
-    joint: fx.GraphModule, a: _Analysis, saved: list[fx.Node]
-) -> tuple[fx.GraphModule, fx.GraphModule, list[fx.Node]]:
+    joint: fx.GraphModule, a: _Analysis, saved: list[fx.Node], as_module: bool = True
+) -> tuple[Any, Any, list[fx.Node]]:
     """Forward and (memory-ordered) backward graphs for a saved set; saved values the
-    backward no longer reads are dropped (the third result is the saved list kept)."""
+    backward no longer reads are dropped (the third result is the saved list kept).
+    `as_module=False` gives bare fx.Graphs (no code generation: trials only estimate)."""
     available = set(saved) | set(a.tangents)
     bwd_keep = _needed(a.grads, available)
     saved = [n for n in saved if n in bwd_keep]
     fwd_keep = _ancestors(a.fwd_outs + saved)
-    forward = _extract(joint, fwd_keep, a.primals, a.fwd_outs + saved)
+    forward = _extract(joint, fwd_keep, a.primals, a.fwd_outs + saved, as_module=as_module)
     recomputed = frozenset(n for n in bwd_keep if n not in a.tangent_dep)
-    backward = _extract(joint, bwd_keep, saved + a.tangents, a.grads, recomputed)
+    backward = _extract(
+        joint, bwd_keep, saved + a.tangents, a.grads, recomputed, as_module=as_module
+    )
     # tangents stay alive in autograd's engine, primals in the caller: neither is released
     pinned = {n.name for n in saved + a.tangents if n.op == "placeholder"}
     return forward, reorder_for_memory(backward, pinned), saved
 
 
-def _backward_peak(a: _Analysis, backward: fx.GraphModule, saved: list[fx.Node]) -> int:
+def _backward_peak(a: _Analysis, backward: Any, saved: list[fx.Node]) -> int:
     pinned = {n.name for n in saved + a.tangents if n.op == "placeholder"}
     resident = {n.name for n in saved if n.op != "placeholder"} | {n.name for n in a.tangents}
     return peak_bytes(backward, pinned, resident)
 
 
-def _step_peak(a: _Analysis, forward: fx.GraphModule, backward: fx.GraphModule, saved) -> int:
+def _step_peak(a: _Analysis, forward: Any, backward: Any, saved: list[fx.Node]) -> int:
     """Estimated peak bytes of a training step with these graphs: the forward's peak (its
     outputs and saved values retained) or the backward's (saved values and tangents live at
     its start, each freed after its last use), whichever is higher."""
@@ -302,23 +313,23 @@ def _save_free_recomputations(
     backward buys nothing and costs a pass of erf over the activation. So each costly
     recomputation (largest first) is tried as a saved value instead, and kept saved when the
     estimated step peak does not grow."""
-    forward, backward, saved = _split(joint, a, saved)
+    forward, backward, saved = _split(joint, a, saved, as_module=False)
     peak = _step_peak(a, forward, backward, saved)
     names = {n.name: n for n in joint.graph.nodes}
     recomputed = [
         names[n.name]
-        for n in backward.graph.nodes
+        for n in backward.nodes
         if n.op == "call_function" and n.target in _COSTLY and n.name in names
     ]
     recomputed = [n for n in recomputed if n not in a.tangent_dep and _nbytes(n) >= MIN_SAVE_BYTES]
     recomputed.sort(key=_nbytes, reverse=True)
     for node in recomputed[:MAX_SAVE_TRIALS]:
-        trial = _split(joint, a, [*saved, node])
+        trial = _split(joint, a, [*saved, node], as_module=False)
         trial_peak = _step_peak(a, *trial)
         if trial_peak <= peak:
             logs.log("aot", "partition: saving %s (step peak stays %d bytes)", node.name, peak)
-            (forward, backward, saved), peak = trial, trial_peak
-    return forward, backward, saved
+            saved, peak = trial[2], trial_peak
+    return _split(joint, a, saved)
 
 
 def partition(
@@ -343,7 +354,10 @@ def partition(
         # tangent reader early (the weight gradient of the last layer first): the order
         # a split after the last tangent reader wants
         primal_saved = {n.name for n in saved if n.op == "placeholder"}
-        early = reorder_for_memory(backward, primal_saved)
+        tangent_bytes = storage_bytes(a.tangents)
+        early = backward
+        if tangent_bytes >= MIN_SPLIT_GAIN:
+            early = reorder_for_memory(backward, primal_saved)
         split = split_backward(
             early,
             [n.name for n in saved],

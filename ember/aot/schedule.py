@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.fx as fx
 
 from ember.aot.functionalize import is_view_op
 
+GraphLike = TypeVar("GraphLike", fx.GraphModule, fx.Graph)
 MAX_NODES = 3000  # the greedy choice is quadratic; beyond this keep the traced order
 
 
@@ -87,9 +89,15 @@ class _Memory:
             self.pending[self.owner[i]] -= 1
 
 
-def reorder_for_memory(gm: fx.GraphModule, pinned_names: set[str]) -> fx.GraphModule:
-    """Greedy low-peak order of gm's ops (see module docstring); gm's semantics unchanged."""
-    nodes = list(gm.graph.nodes)
+def _graph(gm: fx.GraphModule | fx.Graph) -> fx.Graph:
+    return gm.graph if isinstance(gm, fx.GraphModule) else gm
+
+
+def reorder_for_memory(gm: GraphLike, pinned_names: set[str]) -> GraphLike:
+    """Greedy low-peak order of gm's ops (see module docstring); gm's semantics unchanged.
+    Takes and returns a GraphModule, or a bare Graph (cheap: no code generation), as the
+    partitioner's trial splits use."""
+    nodes = list(_graph(gm).nodes)
     body = [n for n in nodes if n.op not in ("placeholder", "output", "get_attr")]
     if len(body) > MAX_NODES or any(
         isinstance(n.target, torch._ops.OpOverload)
@@ -125,14 +133,15 @@ def reorder_for_memory(gm: fx.GraphModule, pinned_names: set[str]) -> fx.GraphMo
         env[n] = graph.node_copy(n, lambda x: env[x])
     out = nodes[-1]
     env[out] = graph.node_copy(out, lambda x: env[x])
-    return fx.GraphModule(gm, graph)
+    return fx.GraphModule(gm, graph) if isinstance(gm, fx.GraphModule) else graph
 
 
 def peak_bytes(
-    gm: fx.GraphModule,
+    gm: fx.GraphModule | fx.Graph,
     pinned_names: set[str],
     resident_names: set[str],
     release_after: dict[str, set[str]] | None = None,
+    timeline: list[int] | None = None,
 ) -> int:
     """Peak bytes of running gm in its node order, each value freed after its last use.
 
@@ -141,7 +150,7 @@ def peak_bytes(
     not. Pinned values and graph outputs are not released at their last use; a pinned value
     is released after the node that `release_after` maps to it (tangents held by autograd's
     engine until a backward stage returns). The partitioner compares these estimates."""
-    nodes = list(gm.graph.nodes)
+    nodes = list(_graph(gm).nodes)
     pinned = {n for n in nodes if n.name in pinned_names}
     by_name = {n.name: n for n in nodes}
     mem = _Memory(nodes, pinned)
@@ -165,6 +174,8 @@ def peak_bytes(
             continue
         live += mem.alloc[n]
         peak = max(peak, live)
+        if timeline is not None:
+            timeline.append(live)  # bytes held while this node runs
         for i in n.all_input_nodes:
             o = mem.owner[i]
             mem.pending[o] -= 1
@@ -221,12 +232,20 @@ def split_backward(
     readers = [pos[u] for t in tangent_nodes for u in t.users if u in pos]
     if not readers or max(readers) >= len(body) - 1:
         return None
-    owner = _Memory(nodes, set()).owner
+    tangent_bytes = sum(_nbytes(t.meta.get("val")) for t in tangent_nodes)
+    if tangent_bytes < MIN_SPLIT_GAIN or len(body) > MAX_NODES:
+        return None  # nothing worth releasing, or too big to search cheaply
     resident = {n for n in saved if n not in primals} | set(tangents)
-    unsplit = peak_bytes(gm, primals | set(tangents), resident)
+    live: list[int] = []
+    unsplit = peak_bytes(gm, primals | set(tangents), resident, timeline=live)
     if baseline is not None:
         unsplit = min(unsplit, baseline)  # the peak of the order used when not splitting
     start = max(readers)
+    # a split releases at most the tangents, and only after the last of their readers
+    best_case = max(max(live[: start + 1]), max(live[start + 1 :]) - tangent_bytes)
+    if best_case > unsplit - MIN_SPLIT_GAIN:
+        return None
+    owner = _Memory(nodes, set()).owner
     step = max(1, (len(body) - 1 - start) // MAX_SPLIT_TRIALS)
     best: tuple[int, int, list[fx.Node]] | None = None
     for k in range(start, len(body) - 1, step):
