@@ -10,6 +10,7 @@ tensors and the stand-in for torch._dynamo are shared with ember.aot (ember/meta
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -34,7 +35,24 @@ def _device_arg(value: Any) -> torch.device | None:
 
 
 def run_on_meta(kind: str, target: Any, args: list, kwargs: dict) -> Any:
-    """Call `target` (a function, or a method name for call_method) on meta examples."""
+    """Call `target` (a function, or a method name for call_method) on meta examples; a call
+    whose inputs match an earlier one in every piece of metadata is answered from the cache
+    (see `_MetaCache`)."""
+    tensors: list[torch.Tensor] = []
+    try:
+        key = (kind, target, _key_of(args, tensors), _key_of(kwargs, tensors), _global_state())
+        recipe = _cache.get(key)
+    except (_Uncacheable, TypeError):  # TypeError: an unhashable target or argument
+        return _run(kind, target, args, kwargs)
+    if recipe is not None:
+        return _rebuild(recipe)
+    versions = [t._version for t in tensors]
+    result = _run(kind, target, args, kwargs)
+    _cache.record(key, result, tensors, versions)
+    return result
+
+
+def _run(kind: str, target: Any, args: list, kwargs: dict) -> Any:
     try:
         with no_dynamo_import():
             return _call(kind, target, args, kwargs)
@@ -57,6 +75,151 @@ def _call(kind: str, target: Any, args: list, kwargs: dict) -> Any:
         if target == "to":
             args = [args[0], *(_META if _device_arg(a) else a for a in args[1:])]
         return getattr(args[0], target)(*args[1:], **kwargs)
+
+
+class _Uncacheable(Exception):
+    """An argument whose metadata the cache key cannot describe exactly."""
+
+
+_HASHED_AS_IS = frozenset(
+    [
+        int,
+        bool,
+        str,
+        type(None),
+        type(Ellipsis),
+        torch.dtype,
+        torch.device,
+        torch.memory_format,
+        torch.layout,
+    ]
+)
+
+
+def _key_of(value: Any, tensors: list[torch.Tensor]) -> Any:
+    """Everything about an argument that a meta kernel can see: for a tensor its dtype,
+    shape, strides, offset and autograd/view flags (never its identity); for a constant its
+    type and value. Tensors found are appended to `tensors`. Raises _Uncacheable for
+    anything else (tensor subclasses, other objects)."""
+    kind = type(value)
+    if kind is torch.Tensor:
+        tensors.append(value)
+        if value.layout is not torch.strided:
+            raise _Uncacheable
+        return (
+            kind,
+            value.dtype,
+            value.shape,
+            value.stride(),
+            value.storage_offset(),
+            value.requires_grad,
+            value.is_leaf,
+            value._is_view(),
+            value.is_conj(),
+            value.is_neg(),
+            value.is_inference(),
+        )
+    if kind in _HASHED_AS_IS:
+        return (kind, value)
+    if kind is float:  # 0.0 == -0.0 and they hash alike: keep the sign apart
+        return (kind, value, math.copysign(1.0, value))
+    if kind is tuple or kind is list or kind is torch.Size:
+        return (kind, tuple([_key_of(v, tensors) for v in value]))
+    if kind is dict:
+        return (kind, tuple([(k, _key_of(v, tensors)) for k, v in value.items()]))
+    if kind is slice:
+        return (kind, *(_key_of(v, tensors) for v in (value.start, value.stop, value.step)))
+    raise _Uncacheable
+
+
+def _global_state() -> tuple:
+    """Process state a meta kernel reads besides its arguments (result requires_grad, the
+    dtype of Python floats and factory results, inference tensors)."""
+    return (
+        torch.is_grad_enabled(),
+        torch.get_default_dtype(),
+        torch.is_inference_mode_enabled(),
+        torch.are_deterministic_algorithms_enabled(),
+    )
+
+
+_CONSTANT_RESULTS = frozenset([int, bool, float, str, torch.Size, torch.dtype, torch.device])
+_NEVER = ("never",)
+
+
+def _tensor_facts(t: torch.Tensor) -> tuple:
+    """The metadata a rebuilt result must share with the kernel's own result."""
+    return (
+        type(t),
+        t.layout,
+        t.dtype,
+        t.shape,
+        t.stride(),
+        t.storage_offset(),
+        t.untyped_storage().nbytes(),
+        t.requires_grad,
+        t.is_leaf,
+        t._is_view(),
+        t.is_conj(),
+        t.is_neg(),
+        t.is_inference(),
+        t._is_zerotensor(),
+    )
+
+
+def _rebuild(recipe: tuple) -> Any:
+    if recipe[0] == "tensor":
+        return torch.empty_strided(recipe[1], recipe[2], dtype=recipe[3], device=_META)
+    return recipe[1]
+
+
+class _MetaCache:
+    """Results of meta kernels by the metadata of their inputs.
+
+    A capture runs the same ops on the same shapes many times (each transformer layer
+    repeats the previous one), and PyTorch's Python meta kernels cost 0.2-5 ms a call
+    (layer_norm, addmm and SDPA most). A kernel's result metadata is a function of its
+    inputs' metadata, its constant arguments and a little global state, all of which are in
+    the key. Only results that stand alone are kept: a fresh tensor that shares no storage
+    with an input, needs no autograd history and is rebuilt exactly by `empty_strided`
+    (checked on the kernel's own result before it is kept), or an immutable constant. Views,
+    in-place results, tuples and calls that bumped an input's version always run the kernel.
+    """
+
+    LIMIT = 20_000
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple, tuple] = {}
+
+    def get(self, key: tuple) -> tuple | None:
+        recipe = self._entries.get(key)
+        return None if recipe is _NEVER else recipe
+
+    def record(
+        self, key: tuple, result: Any, tensors: list[torch.Tensor], versions: list[int]
+    ) -> None:
+        if len(self._entries) >= self.LIMIT:
+            self._entries.clear()
+        self._entries[key] = self._recipe(result, tensors, versions)
+
+    @staticmethod
+    def _recipe(result: Any, tensors: list[torch.Tensor], versions: list[int]) -> tuple:
+        if any(t._version != v for t, v in zip(tensors, versions, strict=True)):
+            return _NEVER  # the call wrote to an input
+        if type(result) in _CONSTANT_RESULTS:
+            return ("constant", result)
+        if type(result) is not torch.Tensor or result.requires_grad or result._is_view():
+            return _NEVER
+        storage = result.untyped_storage()._cdata
+        if any(t.untyped_storage()._cdata == storage for t in tensors):
+            return _NEVER  # shares memory with an input (detach, an alias)
+        recipe = ("tensor", result.shape, result.stride(), result.dtype)
+        if _tensor_facts(_rebuild(recipe)) != _tensor_facts(result):
+            return _NEVER
+        return recipe
+
+
+_cache = _MetaCache()
 
 
 def result_device(
