@@ -171,8 +171,11 @@ class _Analysis:
             n for n in self.graph.nodes if n in self.bw_required and n not in self.tangent_dep
         ]
         for n in candidates:
-            # saving a view keeps its whole base alive
-            cost = _nbytes(_storage_root(n)) if n.op == "call_function" else _nbytes(n)
+            # saving a view keeps its whole base alive; a multi-output node (split's list,
+            # a fused kernel's tuple) is never saved whole, only its items
+            cost = _nbytes(n)
+            if n.op == "call_function" and isinstance(n.meta.get("val"), torch.Tensor):
+                cost = _nbytes(_storage_root(n))
             g.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=cost)
             must_run_forward = n.op == "placeholder" or _is_random(n)
             if not recomputable(n) and (n in self.fw_required or n.op != "call_function"):

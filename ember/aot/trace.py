@@ -27,6 +27,7 @@ import torch
 import torch.fx as fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ember.aot.attention import EagerAttention
 from ember.aot.functionalize import (
     AliasTracker,
     ViewStep,
@@ -143,8 +144,10 @@ class Tracer:
     # -- recording -----------------------------------------------------------------------------
     @contextlib.contextmanager
     def recording(self) -> Iterator[None]:
-        """Run code whose aten ops are recorded (and run on meta tensors)."""
-        with no_dynamo_import(), _Recorder(self):
+        """Run code whose aten ops are recorded (and run on meta tensors); attention on CPU
+        takes the fused kernel eager would take (attention.py)."""
+        attention = EagerAttention() if self.device.type == "cpu" else contextlib.nullcontext()
+        with no_dynamo_import(), _Recorder(self), attention:
             yield
 
     def value(self, t: torch.Tensor) -> fx.Node:
