@@ -14,10 +14,15 @@ import math
 from typing import Any
 
 import torch
+import torch.fx.experimental.symbolic_shapes  # noqa: F401  (see below)
 from torch.utils._pytree import tree_map
 
 from ember.meta import META as _META
 from ember.meta import needs_real_dynamo, no_dynamo_import
+
+# Every `torch._check` in PyTorch's Python meta kernels imports symbolic_shapes on first use
+# (60-100 ms here): imported with ember rather than inside a process's first capture, as
+# torch.compile has it loaded by `import torch._dynamo` before its first call.
 
 _DEVICE_MOVES = frozenset(["cpu", "cuda", "xpu", "mps"])
 
