@@ -12,12 +12,16 @@ else); "first call" adds running the captured graph once. Medians of N processes
 after another (2 shared CPUs: the spread is printed too).
 
     .venv/bin/python bench/capture_time.py [-n 7] [--only gpt2,mlp,block] [--profile gpt2] [--bare]
+
+"import ms" is `import ember` (+ `ember.backend`) in the same process. EMBER_SRC=DIR measures
+the ember package in DIR instead of this checkout (a `git archive` of an older commit).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -37,15 +41,17 @@ WORKLOADS = {
 def _child(key: str, profile: bool, bare: bool) -> None:
     """One fresh process: everything but the compiled call happens before the clock starts."""
     sys.path.insert(0, str(HERE))
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, os.environ.get("EMBER_SRC", str(ROOT)))
     import torch
     from backend import workloads  # bench/backend.py
 
+    t_import = time.perf_counter()
     import ember
     import ember.api
 
     if not bare:
         import ember.backend  # noqa: F401  (as bench/backend.py's first call imports it)
+    t_import = time.perf_counter() - t_import
 
     if key == "gpt2":
         import transformers  # noqa: F401
@@ -82,7 +88,9 @@ def _child(key: str, profile: bool, bare: bool) -> None:
         t1 = time.perf_counter()
         compiled(*inputs)
         t2 = time.perf_counter()
-    print(json.dumps({"capture": sum(spent), "first": t1 - t0, "second": t2 - t1}))
+    print(
+        json.dumps({"import": t_import, "capture": sum(spent), "first": t1 - t0, "second": t2 - t1})
+    )
 
 
 def _run(key: str, bare: bool) -> dict:
@@ -116,14 +124,21 @@ def main() -> None:
     if a.profile:
         _child(a.profile, profile=True, bare=a.bare)
         return
-    print(f"{'workload':<34} {'capture ms (min-max)':>24} {'first call ms':>14} {'2nd ms':>8}")
+    print(
+        f"{'workload':<32} {'capture ms (min-max)':>21} {'first call ms':>14} {'2nd ms':>7}"
+        f" {'import ms':>10}"
+    )
     for key in a.only.split(","):
         runs = [_run(key, a.bare) for _ in range(a.n)]
         cap = [r["capture"] * 1e3 for r in runs]
         first = statistics.median(r["first"] * 1e3 for r in runs)
         second = statistics.median(r["second"] * 1e3 for r in runs)
+        imports = statistics.median(r["import"] * 1e3 for r in runs)
         spread = f"{statistics.median(cap):.0f} ({min(cap):.0f}-{max(cap):.0f})"
-        print(f"{WORKLOADS[key]:<34} {spread:>24} {first:>14.0f} {second:>8.1f}", flush=True)
+        print(
+            f"{WORKLOADS[key]:<32} {spread:>21} {first:>14.0f} {second:>7.1f} {imports:>10.0f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
