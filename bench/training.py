@@ -16,7 +16,7 @@ ember's row uses `ember.backend` (ember's C++ backend behind ember's aot) when i
 else `ember.aot.aot_eager`; the output says which. The `aot_eager` row is always ember's aot
 with PyTorch's kernels running the aten graphs (what the aot stage alone costs or saves).
 
-    .venv/bin/python bench/training.py [--repeats 11] [--workloads mlp,transformer]
+    .venv/bin/python bench/training.py [--repeats 11] [--workloads mlp,transformer] [--threads 1]
     .venv/bin/python bench/training.py --first-step     # cold and warm first steps
 """
 
@@ -49,7 +49,7 @@ from torch import nn  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import ember.aot  # noqa: E402
 
-torch.set_num_threads(2)
+torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
 
 
 class MLP(nn.Module):
@@ -317,7 +317,13 @@ def main() -> None:
     parser.add_argument("--workloads", default="mlp,transformer")
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument("--first-step", action="store_true", help="only cold/warm first steps")
+    parser.add_argument(
+        "--threads", type=int, default=2, help="torch threads (1: less sensitive to other jobs)"
+    )
     args = parser.parse_args()
+    if args.threads != torch.get_num_threads():
+        os.environ["BENCH_THREADS"] = str(args.threads)  # memory children use it too
+        torch.set_num_threads(args.threads)
     if args.first_step:
         first_step_latency(args.workloads.split(","))
         return

@@ -144,7 +144,6 @@ class _Upstream(torch.autograd.Function):
         outs = call_compiled(runtime.fwd, list(flat))
         n_out = runtime.num_fwd_outputs
         user, saved = list(outs[:n_out]), list(outs[n_out:])
-        split = runtime.split
         ctx.runtime = runtime
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(*[saved[i] for i in runtime.second_saved])
@@ -154,7 +153,6 @@ class _Upstream(torch.autograd.Function):
             torch.zeros((), dtype=dt, device=runtime.program.device).expand(shape)
             for shape, dt in runtime.cross_specs
         ]
-        assert split is not None
         return tuple(stand_ins)
 
     @staticmethod
