@@ -13,8 +13,10 @@ after another (2 shared CPUs: the spread is printed too).
 
     .venv/bin/python bench/capture_time.py [-n 7] [--only gpt2,mlp,block] [--profile gpt2] [--bare]
 
-"import ms" is `import ember` (+ `ember.backend`) in the same process. EMBER_SRC=DIR measures
-the ember package in DIR instead of this checkout (a `git archive` of an older commit).
+"cpu ms" is the process CPU time during the capture (less sensitive to other load than the
+wall time; it counts all threads, but the capture runs on one). "import ms" is `import ember`
+(+ `ember.backend`) in the same process. EMBER_SRC=DIR measures the ember package in DIR
+instead of this checkout (a `git archive` of an older commit).
 """
 
 from __future__ import annotations
@@ -60,12 +62,15 @@ def _child(key: str, profile: bool, bare: bool) -> None:
     spent = []
     original = ember.api.capture_call
 
+    cpu = []
+
     def timed(*args, **kwargs):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         try:
             return original(*args, **kwargs)
         finally:
             spent.append(time.perf_counter() - t)
+            cpu.append(time.process_time() - c)
 
     ember.api.capture_call = timed
     with torch.no_grad():
@@ -89,7 +94,15 @@ def _child(key: str, profile: bool, bare: bool) -> None:
         compiled(*inputs)
         t2 = time.perf_counter()
     print(
-        json.dumps({"import": t_import, "capture": sum(spent), "first": t1 - t0, "second": t2 - t1})
+        json.dumps(
+            {
+                "import": t_import,
+                "capture": sum(spent),
+                "capture_cpu": sum(cpu),
+                "first": t1 - t0,
+                "second": t2 - t1,
+            }
+        )
     )
 
 
@@ -125,8 +138,8 @@ def main() -> None:
         _child(a.profile, profile=True, bare=a.bare)
         return
     print(
-        f"{'workload':<32} {'capture ms (min-max)':>21} {'first call ms':>14} {'2nd ms':>7}"
-        f" {'import ms':>10}"
+        f"{'workload':<32} {'capture ms (min-max)':>21} {'cpu ms':>7} {'first call ms':>14}"
+        f" {'2nd ms':>7} {'import ms':>10}"
     )
     for key in a.only.split(","):
         runs = [_run(key, a.bare) for _ in range(a.n)]
@@ -134,9 +147,11 @@ def main() -> None:
         first = statistics.median(r["first"] * 1e3 for r in runs)
         second = statistics.median(r["second"] * 1e3 for r in runs)
         imports = statistics.median(r["import"] * 1e3 for r in runs)
+        cpu = statistics.median(r["capture_cpu"] * 1e3 for r in runs)
         spread = f"{statistics.median(cap):.0f} ({min(cap):.0f}-{max(cap):.0f})"
         print(
-            f"{WORKLOADS[key]:<32} {spread:>21} {first:>14.0f} {second:>7.1f} {imports:>10.0f}",
+            f"{WORKLOADS[key]:<32} {spread:>21} {cpu:>7.0f} {first:>14.0f} {second:>7.1f}"
+            f" {imports:>10.0f}",
             flush=True,
         )
 
