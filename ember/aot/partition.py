@@ -274,14 +274,22 @@ def _split(
     backward = _extract(
         joint, bwd_keep, saved + a.tangents, a.grads, recomputed, as_module=as_module
     )
-    # tangents stay alive in autograd's engine, primals in the caller: neither is released
-    pinned = {n.name for n in saved + a.tangents if n.op == "placeholder"}
+    # tangents stay alive in autograd's engine, inputs (and views of them) in the caller:
+    # neither is released
+    pinned = _of_inputs(saved) | {n.name for n in a.tangents}
     return forward, reorder_for_memory(backward, pinned), saved
 
 
+def _of_inputs(saved: list[fx.Node]) -> set[str]:
+    """Saved values that are graph inputs or views of them (parameters, W.t()): the caller
+    keeps their storage, so the backward neither holds nor frees their bytes."""
+    return {n.name for n in saved if _storage_root(n).op == "placeholder"}
+
+
 def _backward_peak(a: _Analysis, backward: Any, saved: list[fx.Node]) -> int:
-    pinned = {n.name for n in saved + a.tangents if n.op == "placeholder"}
-    resident = {n.name for n in saved if n.op != "placeholder"} | {n.name for n in a.tangents}
+    inputs = _of_inputs(saved)
+    pinned = inputs | {n.name for n in a.tangents}
+    resident = {n.name for n in saved if n.name not in inputs} | {n.name for n in a.tangents}
     return peak_bytes(backward, pinned, resident)
 
 
@@ -356,7 +364,7 @@ def partition(
         # an order that counts the tangents as released at their last read puts every
         # tangent reader early (the weight gradient of the last layer first): the order
         # a split after the last tangent reader wants
-        primal_saved = {n.name for n in saved if n.op == "placeholder"}
+        primal_saved = _of_inputs(saved)
         tangent_bytes = storage_bytes(a.tangents)
         early = backward
         if tangent_bytes >= MIN_SPLIT_GAIN:
