@@ -352,7 +352,9 @@ class KernelWriter:
                 comb = _COMBINE[node.reduction_type].format(a=acc, b=v)
                 self.lines.append(f"{ind}{acc} = {comb};")
         for e, ref in self.stash.get(j, []):
-            self.lines.append(f"{ind}{ref} = {pr.memo[e]};")
+            # usually computed above already (memoized); else e.g. hidden behind a value this
+            # loop took from a scalar, and computed here
+            self.lines.append(f"{ind}{ref} = {pr.value(e)};")
 
     def _loop(self, lp: Loop, ind: str, scalars: dict[str, str]) -> None:
         reds = [n for n in lp.nodes if isinstance(n, ir.Reduction)]
