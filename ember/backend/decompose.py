@@ -94,6 +94,54 @@ def _log_softmax(ctx: LowerCtx, x: Value, dim: int, half_to_float: bool = False)
     return LazyValue(x.size, out, load)
 
 
+def _row_sum(ctx: LowerCtx, size, dims, comp: DType, load) -> Value:
+    """sum over `dims` (kept) of the lazy per-element value `load(idx)`."""
+    return reduce(
+        ctx,
+        LazyValue(size, comp, load),
+        dims,
+        ReductionType.SUM,
+        True,
+        _keep_size(size, dims),
+        comp,
+    )
+
+
+@register(aten._softmax_backward_data.default)
+def _softmax_backward(ctx: LowerCtx, grad: Value, out: Value, dim: int, input_dtype) -> Value:
+    """grad_in = out * (grad - sum(grad * out)) over the row, as eager's kernel computes it."""
+    comp, res = opmath(ctx.out_dtype), ctx.out_dtype
+    d = norm_dims(dim, len(out.size))
+    s = _row_sum(
+        ctx,
+        out.size,
+        d,
+        comp,
+        lambda idx: pw.bin_(B.MUL, cast(grad.load(idx), comp), cast(out.load(idx), comp)),
+    )
+
+    def load(idx):
+        diff = pw.bin_(B.SUB, cast(grad.load(idx), comp), s.load(_kept(idx, d)))
+        return cast(pw.bin_(B.MUL, cast(out.load(idx), comp), diff), res)
+
+    return LazyValue(out.size, res, load)
+
+
+@register(aten._log_softmax_backward_data.default)
+def _log_softmax_backward(ctx: LowerCtx, grad: Value, out: Value, dim: int, input_dtype) -> Value:
+    """grad_in = grad - exp(out) * sum(grad) over the row."""
+    comp, res = opmath(ctx.out_dtype), ctx.out_dtype
+    d = norm_dims(dim, len(out.size))
+    s = _row_sum(ctx, out.size, d, comp, lambda idx: cast(grad.load(idx), comp))
+
+    def load(idx):
+        p = pw.un(U.EXP, cast(out.load(idx), comp))
+        scaled = pw.bin_(B.MUL, p, s.load(_kept(idx, d)))
+        return cast(pw.bin_(B.SUB, cast(grad.load(idx), comp), scaled), res)
+
+    return LazyValue(out.size, res, load)
+
+
 def _affine(x_norm: LazyValue, weight, bias, comp: DType, out: DType) -> LazyValue:
     """x_norm * weight + bias, with weight/bias broadcast over the trailing dims."""
     size = x_norm.size
