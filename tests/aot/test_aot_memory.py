@@ -140,7 +140,9 @@ def test_split_backward_gradients_retain_graph_and_double_backward(via, always_s
     torch.manual_seed(0)
     ref = _wide_mlp()
     mod = copy.deepcopy(ref)
-    compiled = torch.compile(mod, backend=aot_eager if via == "aot_eager" else backend)
+    compiled = torch.compile(
+        mod, backend=aot_eager if via == "aot_eager" else backend, dynamic=False
+    )
     x = torch.randn(128, 512)
     xr, xm = x.clone().requires_grad_(), x.clone().requires_grad_()
     out_r, out_m = ref(xr), compiled(xm)
