@@ -47,7 +47,7 @@ def _softmax_parts(ctx: LowerCtx, x: Value, dim: int):
         return pw.bin_(B.SUB, cast(x.load(idx), comp), m.load(_kept(idx, d)))
 
     sh = LazyValue(x.size, comp, shifted)
-    e = LazyValue(x.size, comp, lambda idx: pw.un(U.EXP, sh.load(idx)))
+    e = LazyValue(x.size, comp, lambda idx: pw.un(U.EXP_SHIFTED, sh.load(idx)))
     s = reduce(ctx, e, d, ReductionType.SUM, True, ks, comp)
     return sh, e, s, d, m
 

@@ -33,6 +33,7 @@ STORAGE_T = {**VALUE_T, DType.BF16: "ember_bf16"}
 
 _FLOAT_FN = {  # op -> (float spelling, double spelling)
     U.EXP: ("ember_expf({})", "__builtin_exp({})"),
+    U.EXP_SHIFTED: ("ember_expf_shifted({})", "__builtin_exp({})"),
     U.LOG: ("ember_logf({})", "__builtin_log({})"),
     U.TANH: ("ember_tanhf({})", "__builtin_tanh({})"),
     U.ERF: ("ember_erff({})", "__builtin_erf({})"),
@@ -455,7 +456,9 @@ def _column_reduction(k: Kernel) -> bool:
     return True
 
 
-_EXPENSIVE = frozenset({U.EXP, U.LOG, U.TANH, U.ERF, U.SIGMOID, U.EXPM1, U.LOG1P, U.SIN, U.COS})
+_EXPENSIVE = frozenset(
+    {U.EXP, U.EXP_SHIFTED, U.LOG, U.TANH, U.ERF, U.SIGMOID, U.EXPM1, U.LOG1P, U.SIN, U.COS}
+)
 MAX_SCRATCH = 16384  # elements of a per-row scratch array (on the thread's stack)
 
 

@@ -59,6 +59,26 @@ static inline float ember_expf(float x) {
   return x != x ? x : res;
 }
 
+static inline float ember_expf_shifted(float x) {
+  /* exp(x) for x <= 0 or NaN (softmax's x - rowmax): one scale by 2^k, no overflow path;
+     below -87.3 (a result under float's normal range) the result is 0 */
+  const float lo = -87.3365447505531f;
+  float xc = x >= lo ? x : lo; /* NaN takes lo; replaced at the end */
+  float k = __builtin_rintf(xc * 1.44269504088896341f);
+  float r = __builtin_fmaf(k, -0.693359375f, xc);
+  r = __builtin_fmaf(k, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = __builtin_fmaf(p, r, 1.3981999507e-3f);
+  p = __builtin_fmaf(p, r, 8.3334519073e-3f);
+  p = __builtin_fmaf(p, r, 4.1665795894e-2f);
+  p = __builtin_fmaf(p, r, 1.6666665459e-1f);
+  p = __builtin_fmaf(p, r, 5.0000001201e-1f);
+  p = __builtin_fmaf(p, r * r, r) + 1.0f;
+  float res = p * ember_bits_f((uint32_t)((int32_t)k + 127) << 23);
+  res = x >= lo ? res : 0.0f;
+  return x != x ? x : res;
+}
+
 static inline float ember_logf(float x) {
   int32_t sub = x < 1.17549435e-38f;
   float xs = sub ? x * 8388608.0f : x;

@@ -22,6 +22,7 @@ _UNARY = {
     U.NEG: torch.neg,
     U.ABS: torch.abs,
     U.EXP: torch.exp,
+    U.EXP_SHIFTED: torch.exp,
     U.EXPM1: torch.expm1,
     U.LOG: torch.log,
     U.LOG1P: torch.log1p,

@@ -53,6 +53,9 @@ class UnaryOp(enum.Enum):
     NEG = "neg"
     ABS = "abs"
     EXP = "exp"
+    EXP_SHIFTED = "exp_shifted"
+    """exp of a value that is <= 0 or NaN (softmax's x - rowmax): results below float32's
+    normal range (arguments under -87.3) are 0, as eager's softmax kernel makes them."""
     EXPM1 = "expm1"
     LOG = "log"
     LOG1P = "log1p"
