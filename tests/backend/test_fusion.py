@@ -90,3 +90,16 @@ def test_buffers_are_reused():
 
     (art,) = check(f, torch.randn(32, 32), atol=1e-5, rtol=1e-4)
     assert " = buf" in art.wrapper  # a dead buffer's storage taken by a later kernel
+
+
+def test_column_sum_keeps_its_own_kernel():
+    # y.sum(0) walks down columns; fused with y's row-major pointwise kernel (same 64 x 64
+    # space) it would iterate y column by column. Alone it takes codegen's column path.
+    def f(x, g):
+        y = torch.tanh(x) * g
+        return y, y.sum(0)
+
+    (art,) = check(f, torch.randn(64, 64), torch.randn(64, 64))
+    assert kernel_count(art) == 2
+    column = art.cpp[art.cpp.index('extern "C" void kernel0') :]
+    assert "xb += 64" in column.split('extern "C"')[1]  # blocks of adjacent columns

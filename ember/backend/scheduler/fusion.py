@@ -102,10 +102,29 @@ def _signature(node: ir.Pointwise | ir.Reduction) -> tuple[tuple[int, ...], tupl
     return node.ranges, ()
 
 
+def _down_columns(node: ir.Pointwise | ir.Reduction) -> bool:
+    """A reduction that walks down columns: some load is contiguous in the last output
+    variable and strided in the last reduced one (a bias gradient: rows summed per column).
+    It gets a kernel of its own, where codegen reads it in row order (cpp.py's column path);
+    fused with row-major pointwise work, it would read memory one column at a time."""
+    if not isinstance(node, ir.Reduction) or not node.ranges:
+        return False
+    x = ir.loop_vars(len(node.ranges))[-1]
+    r = ir.loop_vars(len(node.reduction_ranges), "r")[-1]
+    for ld in ir.loads(node.body):
+        idx = ld.index
+        if idx.has(indexing.FloorDiv, indexing.ModIdx):
+            continue
+        if idx.coeff(x) == 1 and idx.coeff(r) not in (0, 1):
+            return True
+    return False
+
+
 class _Builder:
     """A kernel under construction."""
 
     def __init__(self, node: ir.Pointwise | ir.Reduction) -> None:
+        self.columns = _down_columns(node)
         self.outer, inner = _signature(node)
         self.loops: list[list] = [[inner, [node]]]
         self.where: dict[str, int] = {node.name: 0}  # buffer -> loop index
@@ -156,6 +175,8 @@ class _Builder:
     def try_add(self, node: ir.Pointwise | ir.Reduction) -> bool:
         reads = ir.node_reads(node)
         if not (reads & (self.reads | set(self.produced))):
+            return False
+        if _down_columns(node) or self.columns and not isinstance(node, ir.Reduction):
             return False
         if sum(len(lp[1]) for lp in self.loops) >= MAX_KERNEL_NODES:
             return False
