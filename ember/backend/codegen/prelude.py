@@ -36,20 +36,26 @@ EMBER_NAN_MAXMIN(double)
 template <typename T> static inline T ember_max(T a, T b) { return a > b ? a : b; }
 template <typename T> static inline T ember_min(T a, T b) { return a < b ? a : b; }
 
-static inline float ember_expf(float x) {
-  /* exp(x) = 2^k1 * 2^k2 * e^r, k = k1 + k2 split so that subnormal results stay exact */
-  const float hi = 88.72283935546875f, lo = -103.972084045410f;
-  float xc = x > hi ? hi : (x >= lo ? x : lo); /* NaN takes lo; replaced at the end */
-  float k = __builtin_rintf(xc * 1.44269504088896341f);
-  float r = __builtin_fmaf(k, -0.693359375f, xc);
-  r = __builtin_fmaf(k, 2.12194440e-4f, r);
+static inline float ember_exp_reduced(float xc, float* k) {
+  /* e^xc = 2^k * e^r with xc = k ln2 + r, |r| <= ln2 / 2; returns e^r (a polynomial) */
+  *k = __builtin_rintf(xc * 1.44269504088896341f);
+  float r = __builtin_fmaf(*k, -0.693359375f, xc);
+  r = __builtin_fmaf(*k, 2.12194440e-4f, r);
   float p = 1.9875691500e-4f;
   p = __builtin_fmaf(p, r, 1.3981999507e-3f);
   p = __builtin_fmaf(p, r, 8.3334519073e-3f);
   p = __builtin_fmaf(p, r, 4.1665795894e-2f);
   p = __builtin_fmaf(p, r, 1.6666665459e-1f);
   p = __builtin_fmaf(p, r, 5.0000001201e-1f);
-  p = __builtin_fmaf(p, r * r, r) + 1.0f;
+  return __builtin_fmaf(p, r * r, r) + 1.0f;
+}
+
+static inline float ember_expf(float x) {
+  /* exp(x) = 2^k1 * 2^k2 * e^r, k = k1 + k2 split so that subnormal results stay exact */
+  const float hi = 88.72283935546875f, lo = -103.972084045410f;
+  float xc = x > hi ? hi : (x >= lo ? x : lo); /* NaN takes lo; replaced at the end */
+  float k;
+  float p = ember_exp_reduced(xc, &k);
   int32_t ki = (int32_t)k;
   int32_t k1 = ki >> 1, k2 = ki - k1;
   float s1 = ember_bits_f((uint32_t)(k1 + 127) << 23);
@@ -64,16 +70,8 @@ static inline float ember_expf_shifted(float x) {
      below -87.3 (a result under float's normal range) the result is 0 */
   const float lo = -87.3365447505531f;
   float xc = x >= lo ? x : lo; /* NaN takes lo; replaced at the end */
-  float k = __builtin_rintf(xc * 1.44269504088896341f);
-  float r = __builtin_fmaf(k, -0.693359375f, xc);
-  r = __builtin_fmaf(k, 2.12194440e-4f, r);
-  float p = 1.9875691500e-4f;
-  p = __builtin_fmaf(p, r, 1.3981999507e-3f);
-  p = __builtin_fmaf(p, r, 8.3334519073e-3f);
-  p = __builtin_fmaf(p, r, 4.1665795894e-2f);
-  p = __builtin_fmaf(p, r, 1.6666665459e-1f);
-  p = __builtin_fmaf(p, r, 5.0000001201e-1f);
-  p = __builtin_fmaf(p, r * r, r) + 1.0f;
+  float k;
+  float p = ember_exp_reduced(xc, &k);
   float res = p * ember_bits_f((uint32_t)((int32_t)k + 127) << 23);
   res = x >= lo ? res : 0.0f;
   return x != x ? x : res;
