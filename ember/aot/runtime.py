@@ -83,29 +83,43 @@ class _CompiledFunction(torch.autograd.Function):
     def forward(ctx: Any, runtime: TrainingRuntime, *flat: torch.Tensor) -> tuple:
         outs = call_compiled(runtime.fwd, list(flat))
         n_out = runtime.num_fwd_outputs
-        user, saved = list(outs[:n_out]), list(outs[n_out:])
-        ctx.runtime = runtime
-        ctx.set_materialize_grads(False)  # unused outputs' zeros are made only where needed
-        ctx.save_for_backward(*saved)
-        non_diff = [o for k, o in enumerate(user) if k not in runtime.diff_set]
-        ctx.mark_non_differentiable(*[o for o in non_diff if isinstance(o, torch.Tensor)])
-        return tuple(user)
+        return _forward_outputs(ctx, runtime, list(outs[:n_out]), list(outs[n_out:]))
 
     @staticmethod
     def backward(ctx: Any, *grad_outs: torch.Tensor | None) -> tuple:
-        # create_graph=True: the compiled backward has no derivative of its own, and a
-        # gradient missing its second-order part would be silently wrong
-        _no_double_backward()
+        args = _backward_args(ctx, grad_outs, "saved_strides")
+        del grad_outs
         runtime: TrainingRuntime = ctx.runtime
-        tangents = _tangents(runtime, grad_outs)
-        args = [*_as_traced(ctx.saved_tensors, runtime.saved_strides), *tangents]
-        del tangents, grad_outs
-        ctx.maybe_clear_saved_tensors()  # frees them unless retain_graph=True
         grads = call_compiled(runtime.bwd, args)
         result: list[torch.Tensor | None] = [None] * runtime.num_primals
         for i, g in zip(runtime.grad_inputs, grads, strict=True):
             result[i] = g
         return (None, *result)
+
+
+def _forward_outputs(ctx: Any, runtime: TrainingRuntime, user: list, saved: list) -> tuple:
+    """The end of a compiled forward node: keep `saved` for the backward, mark the outputs
+    that have no gradient, return the user outputs."""
+    ctx.runtime = runtime
+    ctx.set_materialize_grads(False)  # unused outputs' zeros are made only where needed
+    ctx.save_for_backward(*saved)
+    non_diff = [o for k, o in enumerate(user) if k not in runtime.diff_set]
+    ctx.mark_non_differentiable(*[o for o in non_diff if isinstance(o, torch.Tensor)])
+    return tuple(user)
+
+
+def _backward_args(ctx: Any, grad_outs: tuple, strides: str) -> list:
+    """The compiled backward's inputs: the saved values (with the strides in the runtime's
+    attribute `strides`) and the tangents; the context lets go of the saved values."""
+    # create_graph=True: the compiled backward has no derivative of its own, and a
+    # gradient missing its second-order part would be silently wrong
+    _no_double_backward()
+    runtime: TrainingRuntime = ctx.runtime
+    tangents = _tangents(runtime, grad_outs)
+    args = [*_as_traced(ctx.saved_tensors, getattr(runtime, strides)), *tangents]
+    del tangents, grad_outs
+    ctx.maybe_clear_saved_tensors()  # frees them unless retain_graph=True
+    return args
 
 
 def _tangents(runtime: TrainingRuntime, grad_outs: Sequence[torch.Tensor | None]) -> list:
@@ -184,21 +198,13 @@ class _Downstream(torch.autograd.Function):
         user, saved = holder.user, holder.saved
         holder.user = holder.saved = None
         assert user is not None and saved is not None
-        ctx.runtime = runtime
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(*saved)
-        non_diff = [o for k, o in enumerate(user) if k not in runtime.diff_set]
-        ctx.mark_non_differentiable(*[o for o in non_diff if isinstance(o, torch.Tensor)])
-        return tuple(user)
+        return _forward_outputs(ctx, runtime, user, saved)
 
     @staticmethod
     def backward(ctx: Any, *grad_outs: torch.Tensor | None) -> tuple:
-        _no_double_backward()
+        args = _backward_args(ctx, grad_outs, "first_strides")
+        del grad_outs
         runtime: TrainingRuntime = ctx.runtime
-        tangents = _tangents(runtime, grad_outs)
-        args = [*_as_traced(ctx.saved_tensors, runtime.first_strides), *tangents]
-        del tangents, grad_outs
-        ctx.maybe_clear_saved_tensors()
         outs = call_compiled(runtime.bwd1, args)
         n = len(runtime.first_grad_inputs)
         grads, cross = outs[:n], outs[n:]
