@@ -91,10 +91,15 @@ class _CompiledFunction(torch.autograd.Function):
         del grad_outs
         runtime: TrainingRuntime = ctx.runtime
         grads = call_compiled(runtime.bwd, args)
-        result: list[torch.Tensor | None] = [None] * runtime.num_primals
-        for i, g in zip(runtime.grad_inputs, grads, strict=True):
-            result[i] = g
-        return (None, *result)
+        return (None, *_per_input(runtime.num_primals, runtime.grad_inputs, grads))
+
+
+def _per_input(n: int, positions: list[int], grads: Sequence[Any]) -> list:
+    """Gradients placed at their flat input positions (None for inputs without one)."""
+    result: list[torch.Tensor | None] = [None] * n
+    for i, g in zip(positions, grads, strict=True):
+        result[i] = g
+    return result
 
 
 def _forward_outputs(ctx: Any, runtime: TrainingRuntime, user: list, saved: list) -> tuple:
@@ -182,10 +187,7 @@ class _Upstream(torch.autograd.Function):
         del cross
         ctx.maybe_clear_saved_tensors()
         grads = call_compiled(runtime.bwd2, args)
-        result: list[torch.Tensor | None] = [None] * runtime.num_primals
-        for i, g in zip(runtime.second_grad_inputs, grads, strict=True):
-            result[i] = g
-        return (None, None, *result)
+        return (None, None, *_per_input(runtime.num_primals, runtime.second_grad_inputs, grads))
 
 
 class _Downstream(torch.autograd.Function):

@@ -234,16 +234,15 @@ def _check_body(statements: list[tuple[str, str]]) -> list[str]:
     fewer statements for `compile` to parse (most of guard building for a large model)."""
     body: list[str] = []
     run: list[str] = []
-    for kind, text in statements:
+    for kind, text in [*statements, ("end", "")]:
         if kind == "check":
             run.append(text)
             continue
         if run:
             body.append(f"if not ({' and '.join(f'({c})' for c in run)}): return False")
             run = []
-        body.append(text)
-    if run:
-        body.append(f"if not ({' and '.join(f'({c})' for c in run)}): return False")
+        if text:
+            body.append(text)
     return body
 
 

@@ -14,7 +14,7 @@ from ember.backend.ir import nodes as ir
 from ember.backend.ir.nodes import BinaryOp as B
 from ember.backend.ir.nodes import DType, ReductionType
 from ember.backend.ir.nodes import UnaryOp as U
-from ember.backend.scheduler.fusion import Kernel, Loop
+from ember.backend.scheduler.fusion import Kernel, Loop, column_access
 
 LANES = 16
 PARALLEL_MIN_WORK = 32768  # elements per kernel below which threads cost more than they save
@@ -446,14 +446,7 @@ def _column_reduction(k: Kernel) -> bool:
     if any(lp.inner for lp in k.loops[1:]) or any(isinstance(n, ir.Reduction) for n in epilogue):
         return False
     x0, r0 = ir.loop_vars(1)[0], ir.loop_vars(1, "r")[0]
-    for n in k.loops[0].nodes:
-        for ld in ir.loads(n.body):
-            idx = ld.index
-            if idx.has(indexing.FloorDiv, indexing.ModIdx) or idx.coeff(x0) != 1:
-                return False
-            if idx.coeff(r0) in (0, 1):
-                return False
-    return True
+    return all(column_access(ld.index, x0, r0) for n in k.loops[0].nodes for ld in ir.loads(n.body))
 
 
 _EXPENSIVE = frozenset(

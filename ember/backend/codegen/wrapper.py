@@ -182,5 +182,4 @@ def instantiate(source: str, kernels: dict[str, Any], constants: dict[str, Any])
     call = scope["call"]
     call.boxed_call = True  # the aot runtime then calls run_boxed(list) where it can
     call.run_boxed = scope["call_boxed"]
-    call.source = source  # for logs and per-statement profiling
     return call

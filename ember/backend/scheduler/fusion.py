@@ -111,13 +111,15 @@ def _down_columns(node: ir.Pointwise | ir.Reduction) -> bool:
         return False
     x = ir.loop_vars(len(node.ranges))[-1]
     r = ir.loop_vars(len(node.reduction_ranges), "r")[-1]
-    for ld in ir.loads(node.body):
-        idx = ld.index
-        if idx.has(indexing.FloorDiv, indexing.ModIdx):
-            continue
-        if idx.coeff(x) == 1 and idx.coeff(r) not in (0, 1):
-            return True
-    return False
+    return any(column_access(ld.index, x, r) for ld in ir.loads(node.body))
+
+
+def column_access(index: sympy.Expr, x: sympy.Symbol, r: sympy.Symbol) -> bool:
+    """Whether a load steps by one element along output variable `x` and by more along
+    reduced variable `r` (reading down a column of a row-major matrix)."""
+    if index.has(indexing.FloorDiv, indexing.ModIdx):
+        return False
+    return index.coeff(x) == 1 and index.coeff(r) not in (0, 1)
 
 
 class _Builder:
