@@ -184,6 +184,58 @@ def _layer_norm(ctx: LowerCtx, x: Value, shape, weight, bias, eps: float) -> lis
     return [y, _as(mean, stat), _as(rstd, stat)]
 
 
+@register(aten.native_layer_norm_backward.default)
+def _layer_norm_backward(
+    ctx: LowerCtx, grad: Value, x: Value, shape, mean: Value, rstd: Value, weight, bias, mask
+) -> list[Value | None]:
+    """Layer norm's input, weight and bias gradients from the saved mean and rstd:
+    dx = rstd * (g*w - mean(g*w) - xhat * mean(g*w*xhat)) over each normalized row (both
+    sums in one kernel with the epilogue), dw = sum(g * xhat) and db = sum(g) over the rows."""
+    if not isinstance(x.dtype, DType) or not x.dtype.is_float:
+        raise NotLowered("layer norm backward of a non-float")
+    axis = len(x.size) - len(shape)
+    if axis == 0:
+        raise NotLowered("layer norm over every dim")
+    comp = opmath(x.dtype)
+    d, rows = list(range(axis, len(x.size))), list(range(axis))
+    n = pw.const(float(numel(x.size, d)), comp)
+
+    def xhat(idx):
+        k = _kept(idx, d)
+        diff = pw.bin_(B.SUB, cast(x.load(idx), comp), cast(mean.load(k), comp))
+        return pw.bin_(B.MUL, diff, cast(rstd.load(k), comp))
+
+    def g(idx):
+        return cast(grad.load(idx), comp)
+
+    def gw(idx):
+        if weight is None:
+            return g(idx)
+        return pw.bin_(B.MUL, g(idx), cast(pw.broadcast_load(weight, idx, x.size), comp))
+
+    out: list[Value | None] = [None, None, None]
+    if mask[0]:
+        s1 = _row_sum(ctx, x.size, d, comp, gw)
+        s2 = _row_sum(ctx, x.size, d, comp, lambda idx: pw.bin_(B.MUL, gw(idx), xhat(idx)))
+
+        def dx(idx):
+            k = _kept(idx, d)
+            v = pw.bin_(B.SUB, gw(idx), pw.bin_(B.DIV, s1.load(k), n))
+            v = pw.bin_(B.SUB, v, pw.bin_(B.MUL, xhat(idx), pw.bin_(B.DIV, s2.load(k), n)))
+            return cast(pw.bin_(B.MUL, cast(rstd.load(k), comp), v), x.dtype)
+
+        out[0] = LazyValue(x.size, x.dtype, dx)
+    param_size = tuple(x.size[axis:])
+    if mask[1] and weight is not None:
+        prod = LazyValue(x.size, comp, lambda idx: pw.bin_(B.MUL, g(idx), xhat(idx)))
+        out[1] = reduce(ctx, prod, rows, ReductionType.SUM, False, param_size, weight.dtype)
+    if mask[2] and bias is not None:
+        out[2] = reduce(
+            ctx, LazyValue(x.size, comp, g), rows, ReductionType.SUM, False, param_size, bias.dtype
+        )
+    return out
+
+
 def _as(v: LazyValue, dtype: DType) -> LazyValue:
     return LazyValue(v.size, dtype, lambda idx: cast(v.load(idx), dtype))
 

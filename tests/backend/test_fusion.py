@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.nn.functional as F
 
@@ -103,3 +105,66 @@ def test_column_sum_keeps_its_own_kernel():
     assert kernel_count(art) == 2
     column = art.cpp[art.cpp.index('extern "C" void kernel0') :]
     assert "xb += 64" in column.split('extern "C"')[1]  # blocks of adjacent columns
+
+
+def test_pointwise_kernel_overwrites_a_dying_input_in_place():
+    # mm's result dies in the GELU kernel, which reads each element once, at the element it
+    # writes: the kernel writes into the GEMM's buffer instead of a new one
+    def f(a, b):
+        return F.gelu(a @ b) * 2
+
+    (art,) = check(f, torch.randn(32, 48), torch.randn(48, 64))
+    (ptrs,) = _kernel_pointers(art)
+    assert len(ptrs) == 2 and ptrs[0] == ptrs[1]  # the same storage read and written
+
+
+def _kernel_pointers(art) -> list[list[str]]:
+    """The variables each kernel call of the wrapper passes."""
+    calls = [ln for ln in art.wrapper.split("def call_boxed")[0].splitlines() if "_kernel" in ln]
+    return [re.findall(r"(\w+)\.data_ptr", ln) for ln in calls]
+
+
+def test_no_in_place_where_the_kernel_reads_other_elements():
+    # y + y.t(): element (i, j) of the output reads y at (j, i), which a parallel row may
+    # already have overwritten; and a buffer the kernel reads in a later loop (after a
+    # reduction over its row) must survive the first loop's stores
+    def f(a, b):
+        y = a @ b
+        z = a @ b.t()
+        return (y + y.t()).relu(), z - z.amax(-1, keepdim=True)
+
+    (art,) = check(f, torch.randn(40, 40), torch.randn(40, 40))
+    assert all(len(set(p)) == len(p) for p in _kernel_pointers(art))
+
+
+def test_gemm_operand_read_through_a_transpose_is_realized_once():
+    # gelu's value feeds a GEMM through a transpose and is returned: one kernel writes it
+    # once, in eager's layout, and the GEMM reads that buffer transposed
+    def f(x, w):
+        y = F.gelu(x)
+        return y, y.t() @ w
+
+    x, w = torch.randn(64, 32), torch.randn(64, 16)
+    (art,) = check(f, x, w)
+    assert kernel_count(art) == 1
+    assert art.cpp.count("ember_erff(") == 1 + art.cpp.count("static inline float ember_erff")
+
+
+def test_bias_gradient_over_two_dims_is_one_column_reduction():
+    # summing (batch, seq, d) over batch and seq walks both as one row index: the column path
+    def f(g):
+        return g.sum((0, 1))
+
+    (art,) = check(f, torch.randn(8, 96, 80), atol=1e-4, rtol=1e-5)
+    assert "xb += 64" in art.cpp.split('extern "C"')[1]
+
+
+def test_column_reduction_with_per_row_values():
+    # layer norm's weight gradient: sum over rows of g * (x - mean[row]) * rstd[row]
+    def f(g, x, mean, rstd):
+        return (g * ((x - mean) * rstd)).sum(0)
+
+    g, x = torch.randn(300, 48), torch.randn(300, 48)
+    mean, rstd = torch.randn(300, 1), torch.rand(300, 1)
+    (art,) = check(f, g, x, mean, rstd, atol=1e-4, rtol=1e-5)
+    assert "xb += 64" in art.cpp.split('extern "C"')[1]

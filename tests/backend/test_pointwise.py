@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.backend.helpers import check, kernel_count
+from ember.backend.compile import record
+from tests.backend.helpers import check, compile_ember, kernel_count
 
 SPECIAL = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-30, -3.5, 80.0])
 
@@ -147,3 +148,22 @@ def test_views_are_index_arithmetic_not_copies():
 
     (art,) = check(f, torch.randn(24))
     assert "clone" not in art.wrapper and "copy" not in art.wrapper
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_gelu_backward_is_one_fused_kernel(approximate, dtype):
+    x = torch.randn(64, 33, dtype=dtype) * 3
+    x[0, :4] = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0])
+    grad = torch.randn_like(x)
+    mine, ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+
+    def f(x):
+        return torch.nn.functional.gelu(x, approximate=approximate)
+
+    with record() as arts:
+        compile_ember(f)(mine).backward(grad)
+    f(ref).backward(grad)
+    torch.testing.assert_close(mine.grad, ref.grad, equal_nan=True)
+    backward = arts[-1]
+    assert "gelu_backward" not in backward.wrapper and kernel_count(backward) == 1

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.backend.helpers import check, kernel_count
+from ember.backend.compile import record
+from tests.backend.helpers import check, compile_ember, kernel_count
 
 
 def reductions(x):
@@ -156,3 +157,25 @@ def test_softmax_backward_is_lowered(op, dim, dtype):
     f(ref).backward(grad)
     torch.testing.assert_close(mine.grad, ref.grad, equal_nan=True)
     assert "_backward_data" not in arts[-1].wrapper
+
+
+@pytest.mark.parametrize("shape,normalized", [((6, 5, 8), (8,)), ((4, 6, 10), (6, 10))])
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_layer_norm_backward_is_lowered(shape, normalized, affine, dtype):
+    m = torch.nn.LayerNorm(normalized, elementwise_affine=affine).to(dtype)
+    if affine:
+        with torch.no_grad():
+            m.weight.normal_()
+            m.bias.normal_()
+    x, grad = torch.randn(*shape, dtype=dtype), torch.randn(*shape, dtype=dtype)
+    mine, ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+    with record() as arts:
+        compile_ember(m)(mine).backward(grad)
+    got = [mine.grad] + [p.grad.clone() for p in m.parameters()]
+    m.zero_grad()
+    m(ref).backward(grad)
+    want = [ref.grad] + [p.grad for p in m.parameters()]
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert "layer_norm_backward" not in arts[-1].wrapper

@@ -437,7 +437,8 @@ COLUMNS = 64  # adjacent outputs a column reduction accumulates at once
 
 def _column_reduction(k: Kernel) -> bool:
     """One loop of reductions over one dim whose loads are contiguous in the output index
-    and strided in the reduced one (x.sum(0) of a row-major matrix)."""
+    and strided in the reduced one (x.sum(0) of a row-major matrix), or depend on only one
+    of the two."""
     if len(k.outer) != 1 or len(k.loops[0].inner) != 1:
         return False
     if not all(isinstance(n, ir.Reduction) for n in k.loops[0].nodes):
@@ -446,7 +447,12 @@ def _column_reduction(k: Kernel) -> bool:
     if any(lp.inner for lp in k.loops[1:]) or any(isinstance(n, ir.Reduction) for n in epilogue):
         return False
     x0, r0 = ir.loop_vars(1)[0], ir.loop_vars(1, "r")[0]
-    return all(column_access(ld.index, x0, r0) for n in k.loops[0].nodes for ld in ir.loads(n.body))
+    loads = [ld.index for n in k.loops[0].nodes for ld in ir.loads(n.body)]
+    # besides the column reads: per-row values (a layer norm's mean and rstd) and per-column
+    # ones read the same in either order
+    return any(column_access(i, x0, r0) for i in loads) and all(
+        column_access(i, x0, r0) or not (i.has(x0) and i.has(r0)) for i in loads
+    )
 
 
 _EXPENSIVE = frozenset(

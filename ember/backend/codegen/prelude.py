@@ -142,7 +142,7 @@ static inline float ember_erff(float x) {
   p = __builtin_fmaf(p, t, 1.421413741f);
   p = __builtin_fmaf(p, t, -0.284496736f);
   p = __builtin_fmaf(p, t, 0.254829592f);
-  float big = 1.0f - p * t * ember_expf(-z);
+  float big = 1.0f - p * t * ember_expf_shifted(-z); /* -z <= 0 */
   big = x < 0.0f ? -big : big;
   float res = ax < 0.5f ? small : big;
   return x != x ? x : res;

@@ -85,6 +85,7 @@ class _Writer:
                 self.body.append(f"    {b} = {src}  # reuses the storage of {donor}")
                 self.body.append(f"    del {src}")
                 self.var[b], self.actual[b] = b, self.actual[src]
+                self.var[donor] = b  # an in-place kernel still reads it, under b's name
                 continue
             lay, dt = buf.layout, _torch_dtype(buf.dtype)
             if lay == Layout.contiguous(lay.size):

@@ -80,24 +80,58 @@ def _lower_call(builder: GraphBuilder, node: torch.fx.Node, env: dict) -> Any:
 
 def _maybe_realize(builder: GraphBuilder, node: torch.fx.Node, value: Any) -> Any:
     """Materialize a lazy value when inlining it into every user would cost too much: a big
-    expression, or (with several users) one that reads many buffers, like a residual stream
-    that every later layer would otherwise recompute from all of its terms."""
+    expression, (with several users) one that reads many buffers, like a residual stream
+    that every later layer would otherwise recompute from all of its terms, or one that a
+    GEMM or fallback reads (through views or not), which needs it in memory anyway: realized
+    here once, in eager's layout, instead of once per such reader (a transposed GEMM operand
+    would otherwise get a transposed copy) and again as a graph output."""
     if isinstance(value, LazyValue):
         size, reads = expr_size(value)
         many_users = len(node.users) > 1
         if size > 4 * MAX_INLINE or (many_users and (size > MAX_INLINE or reads >= MAX_READS)):
             return builder.realize(value)
+        if _read_from_memory(node):
+            return builder.realize(value, _eager_stride(node.meta.get("val")))
     return value
+
+
+def _read_from_memory(node: torch.fx.Node) -> bool:
+    """Whether a library GEMM/convolution or a fallback reads `node`, directly or through
+    view ops."""
+    for user in node.users:
+        if user.op != "call_function":
+            continue
+        if user.target is operator.getitem:
+            if _read_from_memory(user):
+                return True
+            continue
+        fn = LOWERINGS.get(user.target)
+        if fn is None or user.target in fallback.LIBRARY_OPS and _gemm_operand(node, user):
+            return True
+        if fn.__module__ == views.__name__ and _read_from_memory(user):
+            return True
+    return False
+
+
+def _gemm_operand(node: torch.fx.Node, user: torch.fx.Node) -> bool:
+    """Whether `node` is a matrix operand of a library call (addmm's bias can join an
+    epilogue instead)."""
+    if user.target is torch.ops.aten.addmm.default:
+        return node in user.args[1:3]
+    return True
+
+
+def _eager_stride(meta: Any) -> tuple[int, ...] | None:
+    if isinstance(meta, torch.Tensor) and _dense(meta):
+        return tuple(int(s) for s in meta.stride())
+    return None
 
 
 def _output(builder: GraphBuilder, value: Any, meta: Any) -> ir.Output | None:
     if value is None:
         return None
     if isinstance(value, LazyValue):
-        stride = None
-        if isinstance(meta, torch.Tensor) and _dense(meta):
-            stride = tuple(int(s) for s in meta.stride())
-        value = builder.realize(value, stride)
+        value = builder.realize(value, _eager_stride(meta))
     return ir.Output(value.buffer, value.layout)
 
 
@@ -132,9 +166,10 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> ir.LoopGraph:
             constants.append((name, node.target))
         elif node.op == "call_function":
             if node.target is operator.getitem:
-                env[node] = env[node.args[0]][node.args[1]]
-                continue
-            env[node] = _maybe_realize(builder, node, _lower_call(builder, node, env))
+                value = env[node.args[0]][node.args[1]]
+            else:
+                value = _lower_call(builder, node, env)
+            env[node] = _maybe_realize(builder, node, value)
         elif node.op == "output":
             outs = node.args[0]
             outs = outs if isinstance(outs, list | tuple) else (outs,)

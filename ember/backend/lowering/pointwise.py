@@ -352,6 +352,41 @@ def _gelu(ctx: LowerCtx, x, approximate="none") -> LazyValue:
     return pointwise(ctx, lambda a: gelu_expr(a, approximate), [x])
 
 
+def gelu_grad_expr(g: Expr, x: Expr, approximate: str = "none") -> Expr:
+    """GELU's derivative times the incoming gradient, written as eager's CPU kernel does."""
+    d = x.dtype
+
+    def c(v: float) -> Expr:
+        return const(v, d)
+
+    def mul(*terms: Expr) -> Expr:
+        out = terms[0]
+        for t in terms[1:]:
+            out = bin_(B.MUL, out, t)
+        return out
+
+    x_sq = mul(x, x)
+    if approximate == "tanh":
+        beta, kappa = math.sqrt(2.0 / math.pi), 0.044715
+        inner = mul(c(beta), bin_(B.ADD, x, mul(c(kappa), x_sq, x)))
+        t = un(U.TANH, inner)
+        left_d = mul(c(0.5), bin_(B.ADD, c(1.0), t))
+        tanh_d = bin_(B.SUB, c(1.0), mul(t, t))
+        inner_d = mul(c(beta), bin_(B.ADD, c(1.0), mul(c(3 * kappa), x_sq)))
+        slope = bin_(B.ADD, left_d, mul(mul(c(0.5), x), tanh_d, inner_d))
+    else:
+        cdf = mul(c(0.5), bin_(B.ADD, c(1.0), un(U.ERF, mul(x, c(math.sqrt(0.5))))))
+        # exp of -x^2/2 <= 0: the exp without an overflow path (0 below float's normal range)
+        pdf = mul(c(1.0 / math.sqrt(2.0 * math.pi)), un(U.EXP_SHIFTED, mul(x_sq, c(-0.5))))
+        slope = bin_(B.ADD, cdf, mul(x, pdf))
+    return mul(g, slope)
+
+
+@register(aten.gelu_backward.default)
+def _gelu_backward(ctx: LowerCtx, grad, x, approximate="none") -> LazyValue:
+    return pointwise(ctx, lambda g, a: gelu_grad_expr(g, a, approximate), [grad, x])
+
+
 @register(aten.silu.default)
 def _silu(ctx: LowerCtx, x) -> LazyValue:
     return pointwise(ctx, lambda a: bin_(B.MUL, a, un(U.SIGMOID, a)), [x])

@@ -97,14 +97,12 @@ class GraphBuilder:
         n = len(x.size)
         kept = [d for d in range(n) if d not in dims and x.size[d] != 1]
         red = [d for d in dims if x.size[d] != 1]
-        xv, rv = ir.loop_vars(len(kept)), ir.loop_vars(len(red), "r")
+        xv = ir.loop_vars(len(kept))
         idx: list[sympy.Expr] = [sympy.Integer(0)] * n
         for d, v in zip(kept, xv):
             idx[d] = v
-        for d, v in zip(red, rv):
-            idx[d] = v
-        body = cast(x.load(idx), acc_dtype)
-        body = simplified(body, tuple(x.size[d] for d in kept), tuple(x.size[d] for d in red))
+        ranges = tuple(x.size[d] for d in kept)
+        body, rranges = _reduced_body(x, idx, red, ranges, acc_dtype)
         if keepdim:
             out_idx = [sympy.Integer(0) if d in dims else idx[d] for d in range(n)]
         else:
@@ -112,8 +110,6 @@ class GraphBuilder:
         layout = Layout.contiguous(out_size)
         index = indexing.strided(out_idx, layout.stride)
         name = self.new_name()
-        ranges = tuple(x.size[d] for d in kept)
-        rranges = tuple(x.size[d] for d in red)
         if not ranges and _numel(rranges) >= SPLIT_MIN and _numel(rranges) % SPLIT_PARTS == 0:
             body, rranges = self._split(body, rranges, rtype, acc_dtype)
         self.nodes.append(ir.Reduction(name, ranges, rranges, rtype, body, index, dtype))
@@ -143,6 +139,25 @@ class GraphBuilder:
         self.nodes.append(call)
         for name, layout, dtype in zip(call.outputs, layouts, dtypes):
             self.buffers.append(ir.Buffer(name, layout, dtype))
+
+
+def _reduced_body(x: Value, idx: list, red: list[int], ranges: tuple[int, ...], acc: DType):
+    """(body, reduction ranges) of reducing `x` over dims `red`, `idx` holding the kept
+    dims' variables. Several reduced dims that one index variable walks without div/mod (a
+    bias gradient summed over batch and sequence) become one reduction loop, so the
+    reduction is a single loop down columns (which codegen reads in row order) instead of
+    a loop nest of strided reads."""
+    sizes = tuple(x.size[d] for d in red)
+    if len(red) > 1:
+        merged = list(idx)
+        for d, v in zip(red, indexing.unflatten(ir.loop_vars(1, "r")[0], sizes)):
+            merged[d] = v
+        body = simplified(cast(x.load(merged), acc), ranges, (_numel(sizes),))
+        if not any(ld.index.has(indexing.FloorDiv, indexing.ModIdx) for ld in ir.loads(body)):
+            return body, (_numel(sizes),)
+    for d, v in zip(red, ir.loop_vars(len(red), "r")):
+        idx[d] = v
+    return simplified(cast(x.load(idx), acc), ranges, sizes), sizes
 
 
 SPLIT_MIN = 1 << 16  # elements of a full reduction worth splitting across threads

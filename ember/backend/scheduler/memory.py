@@ -76,12 +76,19 @@ def plan(s: Schedule) -> Plan:
     for i, step in enumerate(s.steps):
         mine = []
         if isinstance(step, Kernel):
+            dying = [b for b in frees[i] if b in poolable and b not in inputs]
             for b in step_writes(step):
-                donor = _take(pool.get(_key(buffers[b])), i, live, held, peak, nbytes(buffers[b]))
+                donor = _in_place(step, b, dying, buffers)
+                if donor is not None:
+                    dying.remove(donor)
+                else:
+                    size = nbytes(buffers[b])
+                    donor = _take(pool.get(_key(buffers[b])), i, live, held, peak, size)
                 mine.append((b, donor))
         allocs.append(tuple(mine))
+        taken = {d for _, d in mine}
         for b in frees[i]:
-            if b in poolable:
+            if b in poolable and b not in taken:
                 pool.setdefault(_key(buffers[b]), []).append((b, i))
     return Plan(tuple(allocs), tuple(frees))
 
@@ -118,6 +125,30 @@ def _take(
                 held[j] += size
             del donors[k]
             return name
+    return None
+
+
+def _in_place(k: Kernel, out: str, dying: list[str], buffers: dict[str, ir.Buffer]) -> str | None:
+    """A buffer that dies in kernel `k` and that `out` can overwrite element by element: the
+    pointwise node writing `out` sits in the kernel's first loop (no earlier loop can have
+    stored into `out`), and every read of the buffer in the kernel is in that loop, by that
+    node or one before it, at the very element that node writes. The kernel then reads each
+    element before writing it (Inductor's in_out_ptr): no new allocation, and the stores hit
+    cache lines the loads just brought in."""
+    first = k.loops[0].nodes
+    pos = next((j for j, n in enumerate(first) if n.name == out), None)
+    if pos is None or not isinstance(first[pos], ir.Pointwise):
+        return None
+    index = first[pos].index
+    later = [n for lp in k.loops[1:] for n in lp.nodes] + list(first[pos + 1 :])
+    for b in dying:
+        if _key(buffers[b]) != _key(buffers[out]):
+            continue
+        if any(b in ir.node_reads(n) for n in later):
+            continue
+        loads = [ld for n in first[: pos + 1] for ld in ir.loads(n.body) if ld.buffer == b]
+        if loads and all(ld.index == index for ld in loads):
+            return b
     return None
 
 
