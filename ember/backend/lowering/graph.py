@@ -97,20 +97,30 @@ def _maybe_realize(builder: GraphBuilder, node: torch.fx.Node, value: Any) -> An
 
 def _read_from_memory(node: torch.fx.Node) -> bool:
     """Whether a library GEMM/convolution or a fallback reads `node`, directly or through
-    view ops."""
+    view ops, or the graph returns it (through views or not) and something else reads it."""
+    uses = list(_uses(node))
+    return "memory" in uses or ("output" in uses and len(uses) > 1)
+
+
+def _uses(node: torch.fx.Node):
+    """How each final reader of `node`, looking through views, takes it: "memory" (a
+    library call's matrix operand or a fallback), "output" (the graph returns it) or
+    "inline" (a lowering that inlines lazy values)."""
     for user in node.users:
-        if user.op != "call_function":
+        if user.op == "output":
+            yield "output"
+        elif user.op != "call_function":
             continue
-        if user.target is operator.getitem:
-            if _read_from_memory(user):
-                return True
-            continue
-        fn = LOWERINGS.get(user.target)
-        if fn is None or user.target in fallback.LIBRARY_OPS and _gemm_operand(node, user):
-            return True
-        if fn.__module__ == views.__name__ and _read_from_memory(user):
-            return True
-    return False
+        elif user.target is operator.getitem:
+            yield from _uses(user)
+        elif (fn := LOWERINGS.get(user.target)) is None:
+            yield "memory"
+        elif user.target in fallback.LIBRARY_OPS and _gemm_operand(node, user):
+            yield "memory"
+        elif fn.__module__ == views.__name__:
+            yield from _uses(user)
+        else:
+            yield "inline"
 
 
 def _gemm_operand(node: torch.fx.Node, user: torch.fx.Node) -> bool:
