@@ -18,6 +18,7 @@ from ember.backend.ir.nodes import DType, ExternKind, ReductionType
 from ember.backend.ir.nodes import UnaryOp as U
 from ember.backend.lowering import pointwise as pw
 from ember.backend.lowering.fallback import extern
+from ember.backend.lowering.gemm import gemm
 from ember.backend.lowering.reductions import norm_dims, numel, reduce, var_parts
 from ember.backend.lowering.registry import LOWERINGS, LowerCtx, NotLowered, opmath, register
 from ember.backend.lowering.values import LazyValue, Value, cast
@@ -316,13 +317,20 @@ def _feeds_pointwise(node: torch.fx.Node) -> bool:
     return True
 
 
+@register(aten.mm.default)
+def _mm(ctx: LowerCtx, a: Value, b: Value) -> Any:
+    return gemm(ctx, a, b)
+
+
 @register(aten.addmm.default)
 def _addmm(ctx: LowerCtx, bias: Value, a: Value, b: Value, beta=1, alpha=1) -> Any:
     """addmm as a library GEMM; its bias joins the following pointwise ops when there are any."""
     if not _feeds_pointwise(ctx.node):
-        kwargs: dict[str, Any] = {"beta": beta, "alpha": alpha} if (beta, alpha) != (1, 1) else {}
+        if (beta, alpha) == (1, 1):
+            return gemm(ctx, a, b, bias)
+        kwargs = {"beta": beta, "alpha": alpha}
         return extern(ctx, aten.addmm.default, (bias, a, b), kwargs, ExternKind.LIBRARY)
-    prod = extern(ctx, aten.mm.default, (a, b), {}, ExternKind.LIBRARY)
+    prod = gemm(ctx, a, b)
 
     def fn(p, c):
         p = p if alpha == 1 else pw.bin_(B.MUL, p, pw.const(alpha, p.dtype))

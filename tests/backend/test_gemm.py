@@ -1,0 +1,75 @@
+"""Library GEMM choice: oneDNN's linear or torch.mm/addmm, values against eager either way.
+
+Which one runs is decided by timing (lowering/gemm.py); these tests force each answer so
+both call paths are checked deterministically. Each test uses its own shapes: the graph
+cache (shared by the session) keys on the graph, not on the timing's outcome.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ember.backend.lowering import gemm
+from tests.backend.helpers import check, extern_ops
+
+needs_onednn = pytest.mark.skipif(not gemm._available(), reason="torch built without oneDNN")
+
+
+@pytest.fixture
+def onednn_wins(monkeypatch):
+    monkeypatch.setattr(gemm, "_onednn_faster", lambda *shape: True)
+
+
+@pytest.fixture
+def onednn_loses(monkeypatch):
+    monkeypatch.setattr(gemm, "_onednn_faster", lambda *shape: False)
+
+
+@needs_onednn
+def test_linear_layers_call_onednn_when_it_is_faster(onednn_wins):
+    mlp = torch.nn.Sequential(
+        torch.nn.Linear(512, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 512)
+    )
+    (art,) = check(mlp, torch.randn(64, 512), atol=1e-4, rtol=1e-4)
+    ops = extern_ops(art)
+    assert len(ops) == 2 and all("_linear_pointwise" in op for op in ops)
+    # the first layer's bias joins the GELU kernel; the second passes its bias to oneDNN
+    assert "None, 'none'" in art.wrapper and art.wrapper.count("'none'") == 4
+
+
+@needs_onednn
+def test_matmul_by_a_transposed_weight_calls_onednn(onednn_wins):
+    def f(x, w):
+        return x @ w.t()
+
+    (art,) = check(f, torch.randn(80, 512), torch.randn(1024, 512), atol=1e-4, rtol=1e-4)
+    assert any("_linear_pointwise" in op for op in extern_ops(art))
+
+
+def test_linear_keeps_torch_addmm_when_onednn_is_slower(onednn_loses):
+    lin = torch.nn.Linear(512, 1056)
+    (art,) = check(lin, torch.randn(72, 512), atol=1e-4, rtol=1e-4)
+    assert extern_ops(art) == ["torch.addmm"]
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["small", "float64", "a transposed", "weight not transposed"],
+)
+def test_products_oneDNN_does_not_take(case, onednn_wins):
+    x, w = torch.randn(96, 512), torch.randn(1088, 512)
+    if case == "small":
+        x, w = torch.randn(8, 16), torch.randn(24, 16)
+    elif case == "float64":
+        x, w = x.double(), w.double()
+    elif case == "a transposed":
+        x = torch.randn(512, 96).t()
+
+    def f(x, w):
+        if case == "weight not transposed":
+            return x @ w.t().contiguous()
+        return x @ w.t()
+
+    (art,) = check(f, x, w, atol=1e-4, rtol=1e-4)
+    assert extern_ops(art) == ["torch.mm"]
