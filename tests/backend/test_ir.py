@@ -42,6 +42,7 @@ def test_printer_shows_fused_structure():
         softmax_ln,
         lambda x, w: (x.view(2, 16).t().reshape(4, 8) + w, x.sum(0), x.amax(1, keepdim=True)),
         lambda x, w: (torch.where(x > 0, x, w) @ x.t(), (x > w).sum(-1)),
+        lambda x, w: (torch.cat([x.t(), w.view(2, 4).exp()], 0) * 2,),  # masked loads
     ],
 )
 def test_interpreter_matches_eager(fn):

@@ -167,3 +167,47 @@ def test_gelu_backward_is_one_fused_kernel(approximate, dtype):
     torch.testing.assert_close(mine.grad, ref.grad, equal_nan=True)
     backward = arts[-1]
     assert "gelu_backward" not in backward.wrapper and kernel_count(backward) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_cat_is_one_kernel_with_its_pointwise_producers(dim, dtype):
+    def f(a, b, c):
+        return torch.cat([a * 2, b.transpose(0, 1).exp(), c], dim) + 1
+
+    shape = [6, 5, 7]
+    sizes = (3, 4, 2)
+    a, b, c = (torch.randn(*shape[: dim % 3], n, *shape[dim % 3 + 1 :]) for n in sizes)
+    b = b.transpose(0, 1).contiguous()  # read transposed inside the kernel
+    a.view(-1)[:3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    a, b, c = a.to(dtype), b.to(dtype), c.to(dtype)
+    (art,) = check(f, a, b, c)
+    assert kernel_count(art) == 1 and "cat" not in art.wrapper
+
+
+def test_cat_promotes_and_skips_empty_pieces():
+    def f(a, b, empty, legacy):
+        return torch.cat([a, empty, b, legacy], 1)
+
+    a, b = torch.randn(4, 3), torch.arange(8, dtype=torch.int64).view(4, 2)
+    (art,) = check(f, a, b, torch.randn(4, 0), torch.randn(0))
+    assert "cat" not in art.wrapper
+
+
+def test_integer_cat_stays_a_fallback():
+    def f(a, b):
+        return torch.cat([a, b // 2], 0)
+
+    a, b = torch.arange(6).view(2, 3), torch.arange(9).view(3, 3)
+    (art,) = check(f, a, b)
+    assert "cat" in art.wrapper
+
+
+def test_cat_along_the_innermost_dim_splits_the_loop_instead_of_masking():
+    def f(a, b):
+        return torch.cat([a.sigmoid(), b], -1)
+
+    (art,) = check(f, torch.randn(8, 40), torch.randn(8, 24))
+    kernel = art.cpp[art.cpp.index('extern "C"') :]
+    assert "x1 = 40; x1 < 64" in kernel  # the second piece's own loop
+    assert "<= x1 &&" not in kernel  # no masked loads left

@@ -7,6 +7,7 @@ so max/min keep eager's NaN propagation without relying on OpenMP's reduction cl
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from ember.backend import indexing
@@ -157,7 +158,13 @@ class BodyPrinter:
     def _text(self, e: ir.Expr) -> str:
         if isinstance(e, ir.Load):
             ref = f"{e.buffer}[{indexing.to_c(e.index)}]"
-            return f"ember_bf16_to_f32({ref})" if e.dtype == DType.BF16 else ref
+            ref = f"ember_bf16_to_f32({ref})" if e.dtype == DType.BF16 else ref
+            if not e.mask:
+                return ref
+            inside = " && ".join(
+                f"{m.lo} <= {v} && {v} < {m.hi}" for m in e.mask for v in [indexing.to_c(m.value)]
+            )
+            return f"(({inside}) ? {ref} : {const_c(0, e.dtype)})"
         if isinstance(e, ir.IndexValue):
             return f"(({VALUE_T[e.dtype]}){indexing.to_c(e.index)})"
         if isinstance(e, ir.Unary):
@@ -257,6 +264,10 @@ class KernelWriter:
         n = len(k.outer)
         pure = all(not lp.inner for lp in k.loops)
         ind = "  "
+        segments = _segments(k) if pure and n >= 1 else None
+        if segments:
+            self._segmented(segments, par)
+            return "\n".join(self.lines)
         if pure and n >= 1:
             if n == 1:
                 self.lines.append(f"{ind}#pragma omp parallel for simd schedule(static) {par}")
@@ -284,6 +295,31 @@ class KernelWriter:
             ind = ind[:-2]
             self.lines.append(f"{ind}}}")
         return "\n".join(self.lines)
+
+    def _segmented(self, segments: list[tuple[int, int]], par: str) -> None:
+        """A pure pointwise kernel whose loads are masked to ranges of the innermost variable
+        (a concatenation along it): the innermost loop is split at the mask bounds, and each
+        part reads only the pieces it covers, without masks, so it vectorizes."""
+        k, n = self.k, len(self.k.outer)
+        ind = "  "
+        if n > 1:
+            self.lines.append(f"{ind}#pragma omp parallel for collapse({n - 1}) {par}")
+        for i, s in enumerate(k.outer[:-1]):
+            self.lines.append(f"{ind}for (int64_t x{i} = 0; x{i} < {s}; ++x{i}) {{")
+            ind += "  "
+        self.stash, self.preset = {}, {}
+        var = ir.loop_vars(n)[-1]
+        for lo, hi in segments:
+            self.lines.append(f"{ind}#pragma omp {'simd' if n > 1 else f'parallel for simd {par}'}")
+            self.lines.append(f"{ind}for (int64_t {var} = {lo}; {var} < {hi}; ++{var}) {{")
+            for j, lp in enumerate(k.loops):
+                self.loop_index = j
+                nodes = tuple(_within(nd, var, lo, hi) for nd in lp.nodes)
+                self._loop(Loop(lp.inner, nodes), ind + "  ", {})
+            self.lines.append(f"{ind}}}")
+        for _ in range(n):
+            ind = ind[:-2]
+            self.lines.append(f"{ind}}}")
 
     def _columns(self, par: str) -> None:
         """Reductions down columns: rows outer, a block of COLUMNS adjacent outputs inner, so
@@ -430,6 +466,51 @@ class KernelWriter:
         for _ in range(close):
             ind = ind[:-2]
             self.lines.append(f"{ind}}}")
+
+
+def _segments(k: Kernel) -> list[tuple[int, int]] | None:
+    """The innermost variable's range cut at the bounds of the masks on it, if any."""
+    n, size = len(k.outer), k.outer[-1]
+    var = ir.loop_vars(n)[-1]
+    cuts = {0, size}
+    for node in k.nodes():
+        for ld in ir.loads(node.body):
+            cuts |= {min(max(b, 0), size) for m in ld.mask if m.value == var for b in (m.lo, m.hi)}
+    if len(cuts) == 2:
+        return None
+    edges = sorted(cuts)
+    return list(zip(edges, edges[1:]))
+
+
+def _within(node: ir.Pointwise, var, lo: int, hi: int) -> ir.Pointwise:
+    """`node` for lo <= var < hi only: masks on `var` resolved (dropped where they hold,
+    the load replaced by 0 where they do not) and comparisons of `var` with constants folded,
+    with the `Where`s they decide."""
+
+    def fold(e: ir.Expr) -> ir.Expr:
+        if isinstance(e, ir.Load):
+            if any(m.value == var and (hi <= m.lo or m.hi <= lo) for m in e.mask):
+                return ir.Const(False if e.dtype == DType.BOOL else 0, e.dtype)
+            keep = tuple(m for m in e.mask if not (m.value == var and m.lo <= lo and hi <= m.hi))
+            return ir.Load(e.buffer, e.index, e.dtype, keep)
+        if isinstance(e, ir.Binary):
+            a, b = fold(e.a), fold(e.b)
+            if e.op == B.LT and isinstance(a, ir.IndexValue) and a.index == var:
+                if isinstance(b, ir.Const) and (hi <= b.value or lo >= b.value):
+                    return ir.Const(hi <= b.value, DType.BOOL)
+            return ir.Binary(e.op, a, b, e.dtype)
+        if isinstance(e, ir.Where):
+            cond = fold(e.cond)
+            if isinstance(cond, ir.Const):
+                return fold(e.a) if cond.value else fold(e.b)
+            return ir.Where(cond, fold(e.a), fold(e.b), e.dtype)
+        if isinstance(e, ir.Unary):
+            return ir.Unary(e.op, fold(e.x), e.dtype)
+        if isinstance(e, ir.Cast):
+            return ir.Cast(fold(e.x), e.dtype)
+        return e
+
+    return dataclasses.replace(node, body=fold(node.body))
 
 
 COLUMNS = 64  # adjacent outputs a column reduction accumulates at once

@@ -93,7 +93,14 @@ class _Env:
     def eval(self, e: ir.Expr) -> torch.Tensor:
         if isinstance(e, ir.Load):
             index = torch.as_tensor(indexing.evaluate(e.index, self.grid))
-            return self.storage[e.buffer][index]
+            if not e.mask:
+                return self.storage[e.buffer][index]
+            inside = torch.ones((), dtype=torch.bool)
+            for m in e.mask:
+                v = torch.as_tensor(indexing.evaluate(m.value, self.grid))
+                inside = inside & (m.lo <= v) & (v < m.hi)
+            got = self.storage[e.buffer][torch.where(inside, index, 0)]
+            return torch.where(inside, got, torch.zeros((), dtype=got.dtype))
         if isinstance(e, ir.Const):
             return torch.tensor(e.value, dtype=e.dtype.torch)
         if isinstance(e, ir.IndexValue):

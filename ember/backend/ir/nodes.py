@@ -126,12 +126,31 @@ class ExternKind(enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Mask:
+    """lo <= value < hi, for an index expression `value`: where a masked load reads."""
+
+    value: sympy.Expr
+    lo: int
+    hi: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Load:
-    """The element of `buffer` at flat element offset `index` (a sympy expression)."""
+    """The element of `buffer` at flat element offset `index` (a sympy expression). With a
+    `mask`, memory is read only where it holds and the load is 0 elsewhere, so `index` may
+    point outside the buffer there (a piece of a concatenation, read for the whole output
+    and selected by a `Where` on the same condition)."""
 
     buffer: str
     index: sympy.Expr
     dtype: DType
+    mask: tuple[Mask, ...] = ()  # all must hold
+
+
+def reindex(ld: Load, fix) -> Load:
+    """`ld` with `fix` applied to its index and its masks' indices."""
+    mask = tuple(Mask(fix(m.value), m.lo, m.hi) for m in ld.mask)
+    return Load(ld.buffer, fix(ld.index), ld.dtype, mask)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -7,7 +7,8 @@ from ember.backend.ir import nodes as ir
 
 def expr_str(e: ir.Expr) -> str:
     if isinstance(e, ir.Load):
-        return f"{e.buffer}[{e.index}]"
+        masks = "".join(f" if {m.lo} <= {m.value} < {m.hi}" for m in e.mask)
+        return f"{e.buffer}[{e.index}]{masks}"
     if isinstance(e, ir.Const):
         return f"{e.value!r}:{e.dtype.value}"
     if isinstance(e, ir.IndexValue):

@@ -25,6 +25,8 @@ def _check_expr(node_name: str, e: ir.Expr, allowed: set[str], known: dict) -> N
                 raise IRError(f"{node_name}: load of {sub.buffer} with dtype {sub.dtype}")
         if isinstance(sub, ir.Load | ir.IndexValue):
             extra = indexing.free_names(sub.index) - allowed
+            for m in sub.mask if isinstance(sub, ir.Load) else ():
+                extra |= indexing.free_names(m.value) - allowed
             if extra:
                 raise IRError(f"{node_name}: index uses unknown variables {sorted(extra)}")
 

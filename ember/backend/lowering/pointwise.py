@@ -420,6 +420,48 @@ def _copy(ctx: LowerCtx, dst, src, non_blocking=False) -> LazyValue:
     return pointwise(ctx, lambda a: a, [src], [None])
 
 
+@register(aten.cat.default)
+def _cat(ctx: LowerCtx, tensors, dim: int = 0) -> LazyValue:
+    """Concatenation as one lazy value: each output element takes the piece its position
+    along `dim` falls in (a chain of `Where`s on that position), and every load of a piece
+    is masked to the piece's range, because codegen evaluates all of them for every element.
+    Pointwise producers of the pieces fuse into the kernel that writes the result."""
+    out, size = ctx.out_dtype, ctx.out_size
+    if not out.is_float:
+        raise NotLowered("cat of integers (a masked-out piece could divide by zero)")
+    d = dim % len(size)
+    pieces, lo = [], 0
+    for t in tensors:
+        if len(t.size) == 1 and t.size[0] == 0 and len(size) != 1:
+            continue  # the legacy empty 1-d tensor cat accepts beside any shape
+        if not isinstance(t.dtype, DType) or len(t.size) != len(size):
+            raise NotLowered("cat operand")
+        if t.size[d]:
+            pieces.append((t, lo, lo + t.size[d]))
+        lo += t.size[d]
+
+    def load(idx):
+        pos = idx[d]
+        expr = None
+        for t, first, end in reversed(pieces):
+            sub = list(idx)
+            sub[d] = pos - first
+            mask = ir.Mask(pos, first, end)
+            e = ir.map_loads(
+                cast(t.load(sub), out),
+                lambda ld, m=mask: ir.Load(ld.buffer, ld.index, ld.dtype, (*ld.mask, m)),
+            )
+            if expr is not None:
+                inside = bin_(B.LT, ir.IndexValue(pos, DType.I64), const(end, DType.I64))
+                e = where(inside, e, expr)
+            expr = e
+        return expr
+
+    if not pieces:
+        raise NotLowered("cat of empty pieces")
+    return LazyValue(size, out, load)
+
+
 @register(aten.full.default, aten.full_like.default, aten.scalar_tensor.default)
 def _full(ctx: LowerCtx, size_or_x, fill=None, **_: Any) -> LazyValue:
     value = size_or_x if fill is None else fill

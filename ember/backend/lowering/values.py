@@ -129,7 +129,7 @@ class GraphBuilder:
         def fix(index: sympy.Expr) -> sympy.Expr:
             return indexing.simplify(index.xreplace(sub), env)
 
-        part_body = ir.map_loads(body, lambda ld: ir.Load(ld.buffer, fix(ld.index), ld.dtype), fix)
+        part_body = ir.map_loads(body, lambda ld: ir.reindex(ld, fix), fix)
         name = self.new_name()
         self.nodes.append(ir.Reduction(name, (SPLIT_PARTS,), (chunk,), rtype, part_body, x0, acc))
         self.buffers.append(ir.Buffer(name, Layout.contiguous((SPLIT_PARTS,)), acc))
@@ -199,7 +199,30 @@ def simplified(body: Expr, ranges: tuple[int, ...], rranges: tuple[int, ...]) ->
     env.update(zip(ir.loop_vars(len(rranges), "r"), rranges))
 
     def fix(ld: ir.Load) -> Expr:
+        if ld.mask:
+            return ir.reindex(ld, _masked_simplifier(ld.mask, env))
         new = indexing.simplify(ld.index, env)
         return ld if new is ld.index else ir.Load(ld.buffer, new, ld.dtype)
 
     return ir.map_loads(body, fix)
+
+
+def _masked_simplifier(masks: tuple[ir.Mask, ...], env: dict):
+    """Simplification of a masked load's indices that uses the narrower range its masks
+    give a loop variable (a piece of a concatenation at 256 <= x2 < 512 reads with
+    x2 - 256 in [0, 256), which lets a reshape's div/mod go): the variable is shifted to
+    start at 0, simplified with the masked extent, and shifted back."""
+    local, shift, back = dict(env), {}, {}
+    for m in masks:
+        v = m.value
+        if isinstance(v, sympy.Symbol) and v in env and v not in shift:
+            fresh = sympy.Symbol(f"{v.name}_m", integer=True, nonnegative=True)
+            shift[v], back[fresh] = fresh + m.lo, v - m.lo
+            local[fresh] = min(m.hi, env[v]) - m.lo
+
+    def simplify(index: sympy.Expr) -> sympy.Expr:
+        if not shift:
+            return indexing.simplify(index, env)
+        return sympy.expand(indexing.simplify(index.xreplace(shift), local).xreplace(back))
+
+    return simplify

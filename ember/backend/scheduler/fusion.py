@@ -92,7 +92,7 @@ def _rebase(node, outer: tuple[int, ...]):
     def fix(index: sympy.Expr) -> sympy.Expr:
         return indexing.simplify(index.xreplace(sub), env)
 
-    body = ir.map_loads(node.body, lambda ld: ir.Load(ld.buffer, fix(ld.index), ld.dtype), fix)
+    body = ir.map_loads(node.body, lambda ld: ir.reindex(ld, fix), fix)
     return dataclasses.replace(node, body=body, index=fix(node.index)), inner
 
 
