@@ -211,3 +211,16 @@ def test_cat_along_the_innermost_dim_splits_the_loop_instead_of_masking():
     kernel = art.cpp[art.cpp.index('extern "C"') :]
     assert "x1 = 40; x1 < 64" in kernel  # the second piece's own loop
     assert "<= x1 &&" not in kernel  # no masked loads left
+
+
+def test_innermost_dim_split_by_a_view_is_walked_in_blocks():
+    # heads x head_dim merged back into one dim: out[b, s, h*16 + d] = x[b, h, s, d]. Read
+    # through div/mod of the innermost variable the loop would not vectorize; split into
+    # blocks of 16, every index is affine in the inner variable
+    def f(x):
+        return x.transpose(1, 2).reshape(2, 8, 64) * 2
+
+    (art,) = check(f, torch.randn(2, 4, 8, 16))
+    kernel = art.cpp[art.cpp.index('extern "C"') :]
+    assert "x2b < 4" in kernel and "x2l < 16" in kernel
+    assert " / " not in kernel and " % " not in kernel

@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import sympy
+
 from ember.backend import indexing
 from ember.backend.ir import nodes as ir
 from ember.backend.ir.nodes import BinaryOp as B
@@ -264,9 +266,9 @@ class KernelWriter:
         n = len(k.outer)
         pure = all(not lp.inner for lp in k.loops)
         ind = "  "
-        segments = _segments(k) if pure and n >= 1 else None
-        if segments:
-            self._segmented(segments, par)
+        plan = _inner_plan(k) if pure and n >= 1 else None
+        if plan:
+            self._segmented(plan, par)
             return "\n".join(self.lines)
         if pure and n >= 1:
             if n == 1:
@@ -296,10 +298,11 @@ class KernelWriter:
             self.lines.append(f"{ind}}}")
         return "\n".join(self.lines)
 
-    def _segmented(self, segments: list[tuple[int, int]], par: str) -> None:
-        """A pure pointwise kernel whose loads are masked to ranges of the innermost variable
-        (a concatenation along it): the innermost loop is split at the mask bounds, and each
-        part reads only the pieces it covers, without masks, so it vectorizes."""
+    def _segmented(self, plan: list[tuple[int, int, int]], par: str) -> None:
+        """A pure pointwise kernel whose innermost loop is cut into parts (see `_inner_plan`):
+        each part reads only the pieces its range covers, without masks, and a part whose
+        loads divide the innermost variable by `d` runs as an outer loop over blocks of `d`
+        around an inner loop that the loads walk contiguously; so every part vectorizes."""
         k, n = self.k, len(self.k.outer)
         ind = "  "
         if n > 1:
@@ -309,17 +312,41 @@ class KernelWriter:
             ind += "  "
         self.stash, self.preset = {}, {}
         var = ir.loop_vars(n)[-1]
-        for lo, hi in segments:
-            self.lines.append(f"{ind}#pragma omp {'simd' if n > 1 else f'parallel for simd {par}'}")
-            self.lines.append(f"{ind}for (int64_t {var} = {lo}; {var} < {hi}; ++{var}) {{")
+        alone = n == 1  # no outer loop: the parts themselves run in parallel
+        for lo, hi, d in plan:
+            loops = [_within(nd, var, lo, hi) for nd in k.nodes()] if len(plan) > 1 else k.nodes()
+            inner = ind
+            if d > 1:
+                block, lane = _split_vars(var)
+                env = dict(zip(ir.loop_vars(n - 1), k.outer[:-1])) | {
+                    block: (hi - lo) // d,
+                    lane: d,
+                }
+                loops = [_substituted(nd, var, lo + block * d + lane, env) for nd in loops]
+                if alone:
+                    self.lines.append(f"{ind}#pragma omp parallel for {par}")
+                self.lines.append(
+                    f"{ind}for (int64_t {block} = 0; {block} < {(hi - lo) // d}; ++{block}) {{"
+                )
+                self.lines.append(f"{ind}  #pragma omp simd")
+                self.lines.append(f"{ind}  for (int64_t {lane} = 0; {lane} < {d}; ++{lane}) {{")
+                inner = ind + "  "
+            else:
+                self.lines.append(
+                    f"{ind}#pragma omp {f'parallel for simd {par}' if alone else 'simd'}"
+                )
+                self.lines.append(f"{ind}for (int64_t {var} = {lo}; {var} < {hi}; ++{var}) {{")
             for j, lp in enumerate(k.loops):
                 self.loop_index = j
-                nodes = tuple(_within(nd, var, lo, hi) for nd in lp.nodes)
-                self._loop(Loop(lp.inner, nodes), ind + "  ", {})
+                nodes = tuple(nd for nd in loops if any(nd.name == m.name for m in lp.nodes))
+                self._loop(Loop(lp.inner, nodes), inner + "  ", {})
+            if d > 1:
+                self.lines.append(f"{inner}}}")
             self.lines.append(f"{ind}}}")
-        for _ in range(n):
+        for _ in range(n - 1):
             ind = ind[:-2]
             self.lines.append(f"{ind}}}")
+        self.lines.append("}")
 
     def _columns(self, par: str) -> None:
         """Reductions down columns: rows outer, a block of COLUMNS adjacent outputs inner, so
@@ -468,18 +495,77 @@ class KernelWriter:
             self.lines.append(f"{ind}}}")
 
 
-def _segments(k: Kernel) -> list[tuple[int, int]] | None:
-    """The innermost variable's range cut at the bounds of the masks on it, if any."""
+def _inner_plan(k: Kernel) -> list[tuple[int, int, int]] | None:
+    """How a pure pointwise kernel's innermost loop runs, when not as one plain loop: parts
+    (lo, hi, d) cut at the bounds of masks on the innermost variable (a concatenation along
+    it), each split into blocks of `d` when its loads divide the variable by `d` (a view
+    that splits the innermost dim, like heads x head_dim; d == 1: not split)."""
     n, size = len(k.outer), k.outer[-1]
     var = ir.loop_vars(n)[-1]
     cuts = {0, size}
     for node in k.nodes():
         for ld in ir.loads(node.body):
             cuts |= {min(max(b, 0), size) for m in ld.mask if m.value == var for b in (m.lo, m.hi)}
-    if len(cuts) == 2:
-        return None
     edges = sorted(cuts)
-    return list(zip(edges, edges[1:]))
+    plan = []
+    for lo, hi in zip(edges, edges[1:]):
+        nodes = [_within(nd, var, lo, hi) for nd in k.nodes()] if len(edges) > 2 else k.nodes()
+        plan.append((lo, hi, _split_factor(nodes, var, lo, hi, k.outer[:-1])))
+    return None if len(plan) == 1 and plan[0][2] == 1 else plan
+
+
+MIN_SPLIT = 16  # smallest inner block worth a loop of its own (one AVX-512 vector of floats)
+
+
+def _split_factor(nodes, var, lo: int, hi: int, outer: tuple[int, ...]) -> int:
+    """The block size d that turns every div/mod of `var` in the nodes' loads into plain
+    block and lane indices, or 1."""
+    divisors = set()
+    for node in nodes:
+        for e in ir.walk(node.body):
+            for index in _indices(e):
+                for f in index.atoms(indexing.FloorDiv, indexing.ModIdx):
+                    if f.args[0].has(var):
+                        divisors.add(int(f.args[1]))
+    if not divisors:
+        return 1
+    d = min(divisors)
+    if d < MIN_SPLIT or (hi - lo) % d or any(x % d for x in divisors):
+        return 1
+    block, lane = _split_vars(var)
+    env = dict(zip(ir.loop_vars(len(outer)), outer)) | {block: (hi - lo) // d, lane: d}
+    for node in nodes:
+        new = _substituted(node, var, lo + block * d + lane, env)
+        for e in ir.walk(new.body):
+            for index in _indices(e):
+                if any(
+                    f.args[0].has(lane) for f in index.atoms(indexing.FloorDiv, indexing.ModIdx)
+                ):
+                    return 1
+    return d
+
+
+def _indices(e: ir.Expr) -> list:
+    if isinstance(e, ir.Load):
+        return [e.index, *(m.value for m in e.mask)]
+    return [e.index] if isinstance(e, ir.IndexValue) else []
+
+
+def _split_vars(var):
+    return (
+        sympy.Symbol(f"{var.name}b", integer=True, nonnegative=True),
+        sympy.Symbol(f"{var.name}l", integer=True, nonnegative=True),
+    )
+
+
+def _substituted(node: ir.Pointwise, var, value, env: dict) -> ir.Pointwise:
+    """`node` with `var` replaced by `value`, indices simplified over `env`."""
+
+    def fix(index):
+        return indexing.simplify(sympy.expand(index.xreplace({var: value})), env)
+
+    body = ir.map_loads(node.body, lambda ld: ir.reindex(ld, fix), fix)
+    return dataclasses.replace(node, body=body, index=fix(node.index))
 
 
 def _within(node: ir.Pointwise, var, lo: int, hi: int) -> ir.Pointwise:
