@@ -13,7 +13,9 @@ backward (saved-tensor hooks, in process) and peak RSS growth of one step in a f
 (large blocks mmapped and unmapped on free, so RSS follows live tensor memory).
 
 ember's row uses `ember.backend` (ember's C++ backend behind ember's aot) when it imports,
-else `ember.aot.aot_eager`; the output says which. The `aot_eager` row is always ember's aot
+else `ember.aot.aot_eager`; the output says which, both behind Dynamo's capture. The
+`ember.compile` row is the product: ember's own capture in front of ember's aot and backend
+(`ember.compile(model)`). The `aot_eager` row is always ember's aot
 with PyTorch's kernels running the aten graphs (what the aot stage alone costs or saves).
 
     .venv/bin/python bench/training.py [--repeats 11] [--workloads mlp,transformer] [--threads 1]
@@ -104,6 +106,10 @@ def make_variant(name: str, model: nn.Module, backend: Callable | None) -> Calla
         return torch.compile(model, dynamic=False)
     if name == "aot_eager":
         return torch.compile(model, backend=ember.aot.aot_eager, dynamic=False)
+    if name == "ember.compile":
+        import ember as front  # ember's own capture in front of the same backend
+
+        return front.compile(model)
     return torch.compile(model, backend=backend, dynamic=False)
 
 
@@ -302,7 +308,7 @@ def run_workload(name: str, repeats: int, backend: Callable, memory: bool) -> di
 
 
 # "ember": ember.backend (or its fallback); "aot_eager": ember's aot with PyTorch's kernels
-VARIANTS = ("eager", "inductor", "ember", "aot_eager")
+VARIANTS = ("eager", "inductor", "ember", "ember.compile", "aot_eager")
 
 
 def main() -> None:
