@@ -18,7 +18,7 @@ from ember.backend.ir.nodes import DType, ExternKind, ReductionType
 from ember.backend.ir.nodes import UnaryOp as U
 from ember.backend.lowering import pointwise as pw
 from ember.backend.lowering.fallback import extern
-from ember.backend.lowering.gemm import gemm
+from ember.backend.lowering.gemm import batched, gemm
 from ember.backend.lowering.reductions import norm_dims, numel, reduce, var_parts
 from ember.backend.lowering.registry import LOWERINGS, LowerCtx, NotLowered, opmath, register
 from ember.backend.lowering.values import LazyValue, Value, cast
@@ -320,6 +320,11 @@ def _feeds_pointwise(node: torch.fx.Node) -> bool:
 @register(aten.mm.default)
 def _mm(ctx: LowerCtx, a: Value, b: Value) -> Any:
     return gemm(ctx, a, b)
+
+
+@register(aten.bmm.default)
+def _bmm(ctx: LowerCtx, a: Value, b: Value) -> Any:
+    return batched(ctx, a, b)
 
 
 @register(aten.addmm.default)

@@ -73,3 +73,28 @@ def test_products_oneDNN_does_not_take(case, onednn_wins):
 
     (art,) = check(f, x, w, atol=1e-4, rtol=1e-4)
     assert extern_ops(art) == ["torch.mm"]
+
+
+def test_batched_product_copied_transposed_is_computed_transposed():
+    # (a @ b) is only read through a transpose by a contiguous copy: bmm(b^T, a^T) writes it
+    # in the layout the copy walks, so the copy reads it contiguously
+    def f(a, b):
+        return (a @ b).transpose(1, 2).contiguous()
+
+    a, b = torch.randn(3, 20, 12), torch.randn(3, 12, 24)
+    (art,) = check(f, a, b, atol=1e-5, rtol=1e-5)
+    call = next(ln for ln in art.wrapper.splitlines() if "= _op" in ln)
+    assert call.split("(", 1)[1].startswith("_as(in1, (3, 24, 12)")
+
+
+@pytest.mark.parametrize("consumer", ["pointwise", "direct"])
+def test_batched_product_read_otherwise_is_left_alone(consumer):
+    # a pointwise op on the transpose keeps eager's transposed strides: it walks the
+    # product in its own layout
+    def f(a, b):
+        p = a @ b
+        return p.transpose(1, 2) * 2 if consumer == "pointwise" else p * 2
+
+    (art,) = check(f, torch.randn(3, 20, 12), torch.randn(3, 12, 24), atol=1e-5, rtol=1e-5)
+    call = next(ln for ln in art.wrapper.splitlines() if "= _op" in ln)
+    assert call.split("(", 1)[1].startswith("in0, in1")

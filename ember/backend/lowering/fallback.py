@@ -80,6 +80,6 @@ def fallback(ctx: LowerCtx, op: Any, args: tuple, kwargs: dict) -> Any:
     return extern(ctx, op, args, kwargs, kind)
 
 
-@register(*(LIBRARY_OPS - {aten.mm.default}))
+@register(*(LIBRARY_OPS - {aten.mm.default, aten.bmm.default}))
 def _library(ctx: LowerCtx, *args: Any, **kwargs: Any) -> Any:
     return extern(ctx, ctx.node.target, args, kwargs, ExternKind.LIBRARY)

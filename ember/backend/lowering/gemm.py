@@ -42,6 +42,60 @@ def gemm(ctx: LowerCtx, a: Value, b: Value, bias: Value | None = None) -> Any:
     return extern(ctx, aten.addmm.default, (bias, a, b), {}, ExternKind.LIBRARY)
 
 
+def batched(ctx: LowerCtx, a: Value, b: Value) -> Any:
+    """bmm(a, b), computed as bmm(b^T, a^T) when only its transpose is read."""
+    if _read_transposed(ctx.node):
+        at, bt = (_swap(ctx.builder.realize(v)) for v in (a, b))
+        meta = ctx.meta.transpose(-2, -1).contiguous()
+        sub = LowerCtx(ctx.builder, meta, ctx.node)
+        return _swap(extern(sub, aten.bmm.default, (bt, at), {}, ExternKind.LIBRARY))
+    return extern(ctx, aten.bmm.default, (a, b), {}, ExternKind.LIBRARY)
+
+
+def _swap(v: BufferValue) -> BufferValue:
+    """The view of `v` with its last two dims swapped."""
+    size, stride = list(v.size), list(v.layout.stride)
+    size[-2:], stride[-2:] = size[:-3:-1], stride[:-3:-1]
+    layout = Layout(tuple(size), tuple(stride), v.layout.offset)
+    return BufferValue(layout.size, v.dtype, v.buffer, layout)
+
+
+_RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+_VIEWS = (*_RESHAPES, aten.transpose.int, aten.permute.default, aten.t.default)
+_COPIES = (aten.clone.default, aten.cat.default)  # write their result contiguously
+
+
+def _read_transposed(node: torch.fx.Node) -> bool:
+    """Whether a product's only reader is a transpose of its two matrix dims (reached
+    through reshapes that keep those dims, like a batch split into batch x heads) that ends,
+    through more views, in a copy to a fresh contiguous tensor (clone, cat): that copy walks
+    the transposed layout. (A pointwise reader instead keeps eager's transposed strides.)"""
+    rows_cols = tuple(node.meta["val"].shape[-2:])
+    transposed = False
+    while len(node.users) == 1:
+        (user,) = node.users
+        if user.op != "call_function":
+            return False
+        if transposed:
+            if user.target in _COPIES:
+                return True
+            if user.target not in _VIEWS:
+                return False
+        else:
+            meta = user.meta["val"]
+            n = meta.dim()
+            if user.target is aten.transpose.int:
+                transposed = {user.args[1] % n, user.args[2] % n} == {n - 2, n - 1}
+            elif user.target is aten.permute.default:
+                transposed = [d % n for d in user.args[1]][-2:] == [n - 1, n - 2]
+            if not transposed and not (
+                user.target in _RESHAPES and tuple(meta.shape[-2:]) == rows_cols
+            ):
+                return False
+        node = user
+    return False
+
+
 def _weight(a: Value, b: Value, bias: Value | None) -> BufferValue | None:
     """`b` as the row-major (out, in) matrix it is a transpose of, when the product is one
     oneDNN's linear computes: float32, `a` read row-major, a 1-d bias or none."""
