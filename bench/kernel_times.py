@@ -1,0 +1,90 @@
+"""Where a compiled training step spends its time: each kernel and extern call of ember's
+generated wrappers, timed inside the step (not a speed comparison: see training.py).
+
+Wraps every `_kernelN` (ctypes) and `_opN` (torch library or fallback call) of each wrapper
+ember.backend instantiates with a timer, runs forward + backward of one workload of
+bench/training.py, and prints milliseconds per step, largest first, per graph (g0 is the
+forward, g1.. the backward). The rest of the step is Python, autograd and allocation.
+
+    .venv/bin/python bench/kernel_times.py [transformer|mlp] [--steps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import time
+from typing import Any
+
+_MALLOC = {"MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOLD_": "17179869184"}
+if __name__ == "__main__" and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **_MALLOC})
+
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from training import WORKLOADS  # noqa: E402
+
+import ember.backend  # noqa: E402
+from ember.backend.codegen import wrapper  # noqa: E402
+
+SPENT: dict[str, float] = collections.defaultdict(float)
+WHAT: dict[str, str] = {}
+
+
+def _timed(key: str, fn: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        out = fn(*args, **kwargs)
+        SPENT[key] += time.perf_counter() - start
+        return out
+
+    return call
+
+
+def _instrumented(instantiate: Any) -> Any:
+    graphs = iter(range(1 << 30))
+
+    def instantiate_timed(source: str, kernels: dict, constants: dict) -> Any:
+        g = next(graphs)
+        timed = {name: _timed(f"g{g}:{name}", fn) for name, fn in kernels.items()}
+        call = instantiate(source, timed, constants)
+        scope = call.__globals__  # the extern ops are globals of the generated source
+        for name in [n for n in scope if n.startswith("_op")]:
+            key = f"g{g}:{name[1:]}"
+            WHAT[key] = getattr(scope[name], "__name__", str(scope[name]))
+            scope[name] = _timed(key, scope[name])
+        return call
+
+    return instantiate_timed
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("workload", nargs="?", default="transformer", choices=sorted(WORKLOADS))
+    p.add_argument("--steps", type=int, default=20)
+    a = p.parse_args()
+    torch.set_num_threads(2)
+    wrapper.instantiate = _instrumented(wrapper.instantiate)
+    torch.manual_seed(0)
+    factory, shape = WORKLOADS[a.workload]
+    model, x = factory(), torch.randn(shape)
+    step = torch.compile(model, backend=ember.backend.compile_graph, dynamic=False)
+    for _ in range(3):
+        step(x).square().mean().backward()
+    SPENT.clear()
+    start = time.perf_counter()
+    for _ in range(a.steps):
+        step(x).square().mean().backward()
+    total = (time.perf_counter() - start) / a.steps * 1e3
+    inside = sum(SPENT.values()) / a.steps * 1e3
+    print(f"{a.workload}: forward + backward {total:.2f} ms per step, {inside:.2f} ms in calls")
+    for key, sec in sorted(SPENT.items(), key=lambda kv: -kv[1]):
+        print(f"{key:14} {sec / a.steps * 1e3:8.3f} ms  {WHAT.get(key, 'kernel')}")
+
+
+if __name__ == "__main__":
+    main()
