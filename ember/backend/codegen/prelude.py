@@ -125,7 +125,8 @@ static inline float ember_tanhf(float x) {
 
 static inline float ember_sigmoidf(float x) { return 1.0f / (1.0f + ember_expf(-x)); }
 
-static inline float ember_erff(float x) {
+static inline float ember_erff_given_exp(float x, float e) {
+  /* e is exp(-x*x) */
   float ax = __builtin_fabsf(x);
   float z = x * x;
   float s = 1.0f / 9360.0f;
@@ -142,9 +143,13 @@ static inline float ember_erff(float x) {
   p = __builtin_fmaf(p, t, 1.421413741f);
   p = __builtin_fmaf(p, t, -0.284496736f);
   p = __builtin_fmaf(p, t, 0.254829592f);
-  float big = 1.0f - p * t * ember_expf_shifted(-z); /* -z <= 0 */
+  float big = 1.0f - p * t * e;
   big = x < 0.0f ? -big : big;
   float res = ax < 0.5f ? small : big;
   return x != x ? x : res;
+}
+
+static inline float ember_erff(float x) {
+  return ember_erff_given_exp(x, ember_expf_shifted(-(x * x))); /* -x*x <= 0 */
 }
 """

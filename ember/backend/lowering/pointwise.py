@@ -338,13 +338,27 @@ def gelu_expr(x: Expr, approximate: str = "none") -> Expr:
         inner = bin_(B.ADD, x, bin_(B.MUL, cube, const(0.044715, d)))
         t = un(U.TANH, bin_(B.MUL, inner, const(math.sqrt(2 / math.pi), d)))
     else:
-        t = un(U.ERF, bin_(B.MUL, x, const(math.sqrt(0.5), d)))
+        t = _erf_over_sqrt2(x)
         y = bin_(B.MUL, half, bin_(B.ADD, t, const(1.0, d)))
         if d != DType.F32:
             return y
         # eager's float erf-form GELU gives NaN at +inf as well as at -inf; match it
         return where(un(U.ISINF, x), const(math.nan, d), y)
     return bin_(B.MUL, half, bin_(B.ADD, t, const(1.0, d)))
+
+
+def _gauss(x: Expr) -> Expr:
+    """exp(-x^2/2), with the exp that has no overflow path (its argument is <= 0)."""
+    return un(U.EXP_SHIFTED, bin_(B.MUL, bin_(B.MUL, x, x), const(-0.5, x.dtype)))
+
+
+def _erf_over_sqrt2(x: Expr) -> Expr:
+    """erf(x / sqrt(2)); in float32 written to reuse exp(-x^2/2), the expression GELU's
+    derivative also needs, so a kernel computing GELU and its gradient runs one exp."""
+    u = bin_(B.MUL, x, const(math.sqrt(0.5), x.dtype))
+    if x.dtype != DType.F32:
+        return un(U.ERF, u)
+    return bin_(B.ERF_GIVEN_EXP, u, _gauss(x))
 
 
 @register(aten.gelu.default)
@@ -365,8 +379,8 @@ def gelu_grad_expr(g: Expr, x: Expr, approximate: str = "none") -> Expr:
             out = bin_(B.MUL, out, t)
         return out
 
-    x_sq = mul(x, x)
     if approximate == "tanh":
+        x_sq = mul(x, x)
         beta, kappa = math.sqrt(2.0 / math.pi), 0.044715
         inner = mul(c(beta), bin_(B.ADD, x, mul(c(kappa), x_sq, x)))
         t = un(U.TANH, inner)
@@ -375,9 +389,8 @@ def gelu_grad_expr(g: Expr, x: Expr, approximate: str = "none") -> Expr:
         inner_d = mul(c(beta), bin_(B.ADD, c(1.0), mul(c(3 * kappa), x_sq)))
         slope = bin_(B.ADD, left_d, mul(mul(c(0.5), x), tanh_d, inner_d))
     else:
-        cdf = mul(c(0.5), bin_(B.ADD, c(1.0), un(U.ERF, mul(x, c(math.sqrt(0.5))))))
-        # exp of -x^2/2 <= 0: the exp without an overflow path (0 below float's normal range)
-        pdf = mul(c(1.0 / math.sqrt(2.0 * math.pi)), un(U.EXP_SHIFTED, mul(x_sq, c(-0.5))))
+        cdf = mul(c(0.5), bin_(B.ADD, c(1.0), _erf_over_sqrt2(x)))
+        pdf = mul(c(1.0 / math.sqrt(2.0 * math.pi)), _gauss(x))
         slope = bin_(B.ADD, cdf, mul(x, pdf))
     return mul(g, slope)
 
