@@ -18,7 +18,7 @@ from ember.backend.ir.nodes import DType, ExternKind, ReductionType
 from ember.backend.ir.nodes import UnaryOp as U
 from ember.backend.lowering import pointwise as pw
 from ember.backend.lowering.fallback import extern
-from ember.backend.lowering.gemm import batched, gemm
+from ember.backend.lowering.gemm import RESHAPES, batched, gemm
 from ember.backend.lowering.reductions import norm_dims, numel, reduce, var_parts
 from ember.backend.lowering.registry import LOWERINGS, LowerCtx, NotLowered, opmath, register
 from ember.backend.lowering.values import LazyValue, Value, cast
@@ -299,15 +299,12 @@ def _native_dropout(ctx: LowerCtx, x: Value, p: float, train: bool | None) -> li
     return [y, ones]
 
 
-_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
-
-
 def _feeds_pointwise(node: torch.fx.Node) -> bool:
     """Whether every use of `node` is a pointwise lowering (through reshapes): an epilogue."""
     if not node.users:
         return False
     for user in node.users:
-        if user.target in _VIEWS:
+        if user.target in RESHAPES:
             if not _feeds_pointwise(user):
                 return False
             continue

@@ -300,7 +300,7 @@ class KernelWriter:
             self.lines.append(f"{ind}}}")
         return "\n".join(self.lines)
 
-    def _segmented(self, plan: list[tuple[int, int, int]], par: str) -> None:
+    def _segmented(self, plan: list[_Part], par: str) -> None:
         """A pure pointwise kernel whose innermost loop is cut into parts (see `_inner_plan`):
         each part reads only the pieces its range covers, without masks, and a part whose
         loads divide the innermost variable by `d` runs as an outer loop over blocks of `d`
@@ -315,34 +315,33 @@ class KernelWriter:
         self.stash, self.preset = {}, {}
         var = ir.loop_vars(n)[-1]
         alone = n == 1  # no outer loop: the parts themselves run in parallel
-        for lo, hi, d in plan:
-            loops = [_within(nd, var, lo, hi) for nd in k.nodes()] if len(plan) > 1 else k.nodes()
+        for part in plan:
             inner = ind
-            if d > 1:
+            if part.block > 1:
                 block, lane = _split_vars(var)
-                env = dict(zip(ir.loop_vars(n - 1), k.outer[:-1])) | {
-                    block: (hi - lo) // d,
-                    lane: d,
-                }
-                loops = [_substituted(nd, var, lo + block * d + lane, env) for nd in loops]
                 if alone:
                     self.lines.append(f"{ind}#pragma omp parallel for {par}")
+                n_blocks = (part.hi - part.lo) // part.block
                 self.lines.append(
-                    f"{ind}for (int64_t {block} = 0; {block} < {(hi - lo) // d}; ++{block}) {{"
+                    f"{ind}for (int64_t {block} = 0; {block} < {n_blocks}; ++{block}) {{"
                 )
                 self.lines.append(f"{ind}  #pragma omp simd")
-                self.lines.append(f"{ind}  for (int64_t {lane} = 0; {lane} < {d}; ++{lane}) {{")
+                self.lines.append(
+                    f"{ind}  for (int64_t {lane} = 0; {lane} < {part.block}; ++{lane}) {{"
+                )
                 inner = ind + "  "
             else:
+                simd = f"parallel for simd {par}" if alone else "simd"
+                self.lines.append(f"{ind}#pragma omp {simd}")
                 self.lines.append(
-                    f"{ind}#pragma omp {f'parallel for simd {par}' if alone else 'simd'}"
+                    f"{ind}for (int64_t {var} = {part.lo}; {var} < {part.hi}; ++{var}) {{"
                 )
-                self.lines.append(f"{ind}for (int64_t {var} = {lo}; {var} < {hi}; ++{var}) {{")
             for j, lp in enumerate(k.loops):
                 self.loop_index = j
-                nodes = tuple(nd for nd in loops if any(nd.name == m.name for m in lp.nodes))
+                names = {m.name for m in lp.nodes}
+                nodes = tuple(nd for nd in part.nodes if nd.name in names)
                 self._loop(Loop(lp.inner, nodes), inner + "  ", {})
-            if d > 1:
+            if part.block > 1:
                 self.lines.append(f"{inner}}}")
             self.lines.append(f"{ind}}}")
         for _ in range(n - 1):
@@ -497,11 +496,23 @@ class KernelWriter:
             self.lines.append(f"{ind}}}")
 
 
-def _inner_plan(k: Kernel) -> list[tuple[int, int, int]] | None:
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Part:
+    """A range [lo, hi) of a pure pointwise kernel's innermost variable and its nodes
+    specialized to it; block > 1: the variable is lo + b*block + l, with the nodes' indices
+    rewritten in b and l."""
+
+    lo: int
+    hi: int
+    block: int
+    nodes: list[ir.Pointwise]
+
+
+def _inner_plan(k: Kernel) -> list[_Part] | None:
     """How a pure pointwise kernel's innermost loop runs, when not as one plain loop: parts
-    (lo, hi, d) cut at the bounds of masks on the innermost variable (a concatenation along
-    it), each split into blocks of `d` when its loads divide the variable by `d` (a view
-    that splits the innermost dim, like heads x head_dim; d == 1: not split)."""
+    cut at the bounds of masks on the innermost variable (a concatenation along it), each in
+    blocks when its loads divide the variable (a view that splits the innermost dim, like
+    heads x head_dim)."""
     n, size = len(k.outer), k.outer[-1]
     var = ir.loop_vars(n)[-1]
     cuts = {0, size}
@@ -512,45 +523,40 @@ def _inner_plan(k: Kernel) -> list[tuple[int, int, int]] | None:
     plan = []
     for lo, hi in zip(edges, edges[1:]):
         nodes = [_within(nd, var, lo, hi) for nd in k.nodes()] if len(edges) > 2 else k.nodes()
-        plan.append((lo, hi, _split_factor(nodes, var, lo, hi, k.outer[:-1])))
-    return None if len(plan) == 1 and plan[0][2] == 1 else plan
+        plan.append(_blocked(nodes, var, lo, hi, k.outer[:-1]))
+    return None if len(plan) == 1 and plan[0].block == 1 else plan
 
 
 MIN_SPLIT = 16  # smallest inner block worth a loop of its own (one AVX-512 vector of floats)
 
 
-def _split_factor(nodes, var, lo: int, hi: int, outer: tuple[int, ...]) -> int:
-    """The block size d that turns every div/mod of `var` in the nodes' loads into plain
-    block and lane indices, or 1."""
-    divisors = set()
-    for node in nodes:
-        for e in ir.walk(node.body):
-            for index in _indices(e):
-                for f in index.atoms(indexing.FloorDiv, indexing.ModIdx):
-                    if f.args[0].has(var):
-                        divisors.add(int(f.args[1]))
-    if not divisors:
-        return 1
-    d = min(divisors)
+def _blocked(nodes: list, var, lo: int, hi: int, outer: tuple[int, ...]) -> _Part:
+    """The part [lo, hi) in blocks of d when that turns every div/mod of `var` in the nodes'
+    loads into plain block and lane indices; else unsplit (block 1)."""
+    divisors = {int(f.args[1]) for f in _divmods(nodes) if f.args[0].has(var)}
+    d = min(divisors, default=1)
     if d < MIN_SPLIT or (hi - lo) % d or any(x % d for x in divisors):
-        return 1
+        return _Part(lo, hi, 1, nodes)
     block, lane = _split_vars(var)
     env = dict(zip(ir.loop_vars(len(outer)), outer)) | {block: (hi - lo) // d, lane: d}
+    split = [_substituted(node, var, lo + block * d + lane, env) for node in nodes]
+    if any(f.args[0].has(lane) for f in _divmods(split)):
+        return _Part(lo, hi, 1, nodes)
+    return _Part(lo, hi, d, split)
+
+
+def _divmods(nodes: list) -> list:
+    """The FloorDiv/ModIdx terms of the nodes' load, mask and index-value indices."""
+    out = []
     for node in nodes:
-        new = _substituted(node, var, lo + block * d + lane, env)
-        for e in ir.walk(new.body):
-            for index in _indices(e):
-                if any(
-                    f.args[0].has(lane) for f in index.atoms(indexing.FloorDiv, indexing.ModIdx)
-                ):
-                    return 1
-    return d
-
-
-def _indices(e: ir.Expr) -> list:
-    if isinstance(e, ir.Load):
-        return [e.index, *(m.value for m in e.mask)]
-    return [e.index] if isinstance(e, ir.IndexValue) else []
+        for e in ir.walk(node.body):
+            if isinstance(e, ir.Load):
+                indices = [e.index, *(m.value for m in e.mask)]
+            else:
+                indices = [e.index] if isinstance(e, ir.IndexValue) else []
+            for index in indices:
+                out.extend(index.atoms(indexing.FloorDiv, indexing.ModIdx))
+    return out
 
 
 def _split_vars(var):

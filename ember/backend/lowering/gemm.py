@@ -61,8 +61,8 @@ def _swap(v: BufferValue) -> BufferValue:
     return BufferValue(layout.size, v.dtype, v.buffer, layout)
 
 
-_RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
-_VIEWS = (*_RESHAPES, aten.transpose.int, aten.permute.default, aten.t.default)
+RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+_VIEWS = (*RESHAPES, aten.transpose.int, aten.permute.default, aten.t.default)
 _COPIES = (aten.clone.default, aten.cat.default)  # write their result contiguously
 
 
@@ -90,7 +90,7 @@ def _read_transposed(node: torch.fx.Node) -> bool:
             elif user.target is aten.permute.default:
                 transposed = [d % n for d in user.args[1]][-2:] == [n - 1, n - 2]
             if not transposed and not (
-                user.target in _RESHAPES and tuple(meta.shape[-2:]) == rows_cols
+                user.target in RESHAPES and tuple(meta.shape[-2:]) == rows_cols
             ):
                 return False
         node = user
