@@ -28,6 +28,7 @@ import torch.fx as fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ember.aot.attention import EagerAttention
+from ember.aot.dropout import FusedDropout
 from ember.aot.functionalize import (
     AliasTracker,
     ViewStep,
@@ -144,10 +145,11 @@ class Tracer:
     # -- recording -----------------------------------------------------------------------------
     @contextlib.contextmanager
     def recording(self) -> Iterator[None]:
-        """Run code whose aten ops are recorded (and run on meta tensors); attention on CPU
-        takes the fused kernel eager would take (attention.py)."""
-        attention = EagerAttention() if self.device.type == "cpu" else contextlib.nullcontext()
-        with no_dynamo_import(), _Recorder(self), attention:
+        """Run code whose aten ops are recorded (and run on meta tensors); composite ops that
+        pick their kernel by device take the one eager would take: attention on the CPU
+        (attention.py), dropout elsewhere (dropout.py)."""
+        by_device = EagerAttention() if self.device.type == "cpu" else FusedDropout()
+        with no_dynamo_import(), _Recorder(self), by_device:
             yield
 
     def value(self, t: torch.Tensor) -> fx.Node:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from ember import logs
 from ember.backend.codegen import build, cache, wrapper
@@ -90,8 +91,31 @@ def _attr(gm: torch.nn.Module, target: str) -> Any:
     return gm
 
 
+def off_cpu(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> str | None:
+    """Why this graph cannot run as ember's kernels, which are C++ for the CPU: the first
+    input, constant or device argument that is not on the CPU (None when all are)."""
+    for i, t in enumerate(example_inputs):
+        if isinstance(t, torch.Tensor) and t.device.type != "cpu":
+            return f"input {i} is on {t.device}"
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            t = _attr(gm, node.target)
+            if isinstance(t, torch.Tensor) and t.device.type != "cpu":
+                return f"constant {node.target} is on {t.device}"
+        for a in tree_leaves((node.args, node.kwargs)):
+            if isinstance(a, torch.device) and a.type != "cpu":
+                return f"{node.name} names device {a}"
+    return None
+
+
 def compile_aten(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-    """Compile one functional aten graph into a callable taking its flat tensor inputs."""
+    """Compile one functional aten graph into a callable taking its flat tensor inputs.
+    A graph whose tensors live off the CPU runs as its aten ops (on their device)."""
+    reason = off_cpu(gm, example_inputs)
+    if reason is not None:
+        stats["off_cpu_graphs"] += 1
+        logs.log("kernels", "running the aten graph: ember's kernels are CPU code; %s", reason)
+        return gm.forward
     try:
         key = cache.graph_key(gm, example_inputs)
         art = cache.load(key)

@@ -277,3 +277,24 @@ def test_outputs_needing_no_grad_with_grad_inputs():
     torch.testing.assert_close(idx, (x @ w).argmax(-1))
     xt.sum().backward()  # the input view still carries autograd, as in eager
     torch.testing.assert_close(x.grad, torch.ones(3, 4))
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_dropout_is_traced_as_the_kernel_eager_runs_on_the_device(device):
+    """Eager's torch.dropout draws bernoulli_ on the CPU and runs the fused native_dropout on
+    accelerators (a different random stream): a trace for a GPU records the fused op, so a
+    seeded compiled program drops what eager drops (checked on a GPU by bench/gpu.py). No
+    GPU is needed to trace: the tracer runs on meta stand-ins and only records the device."""
+    from ember.aot.trace import Tracer
+
+    tracer = Tracer(torch.device(device))
+    x = tracer.to_fake(torch.randn(4, 8))
+    tracer.placeholder("x", x)
+    with tracer.recording():
+        F.dropout(x, 0.5, training=True)
+        F.dropout(x, 0.5, training=False)
+        F.dropout(x, 1.0, training=True)
+    ops = {str(n.target) for n in tracer.graph.nodes if n.op == "call_function"}
+    fused = {"aten.native_dropout.default"}
+    assert (fused <= ops) == (device == "cuda")
+    assert any("bernoulli" in op for op in ops) == (device == "cpu")

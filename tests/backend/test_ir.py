@@ -139,3 +139,25 @@ def test_schedule_and_kernels_log_channels():
     text = "\n".join(keep.text)
     assert "ember.schedule: " in text and "kernel0 outer=[3]" in text
     assert "ember.kernels: " in text and 'extern "C" void kernel0' in text
+
+
+def test_graph_off_the_cpu_runs_as_its_aten_ops():
+    """ember's kernels are CPU code: a graph with a tensor or device argument elsewhere (meta
+    stands in for cuda here) is not lowered, and runs as its own aten ops on that device."""
+    from ember.backend.compile import stats
+
+    def fn(x):
+        return torch.softmax(x - 3, -1)
+
+    def with_device(x):
+        return x + torch.ones(5, device="meta")
+
+    x = torch.randn(3, 5)
+    gm, gm2 = aten_graph(fn, x), torch.fx.symbolic_trace(with_device)
+    before = stats["off_cpu_graphs"]
+    run = compile_aten(gm, [x.to("meta")])
+    assert run == gm.forward and run(x.to("meta"))[0].device.type == "meta"
+    assert compile_aten(gm2, [x]) == gm2.forward
+    assert stats["off_cpu_graphs"] == before + 2
+    torch.testing.assert_close(compile_aten(gm, [x])(x)[0], fn(x))
+    assert stats["off_cpu_graphs"] == before + 2

@@ -1,0 +1,237 @@
+"""ember.compile on CUDA tensors: the same answers as eager, and what it costs there.
+
+ember's kernels are C++ for the CPU, so a graph whose tensors live on a GPU is not lowered:
+ember's capture and aot stage run as usual and each graph runs as its own aten ops on the
+GPU (`ember.backend.compile.off_cpu`). This script checks that end to end against eager on
+the device (inference, a training step with its gradients and updated parameters, dropout's
+mask between forward and backward, bfloat16, a graph break, a copy from the CPU inside the
+compiled code) and times eager, ember.compile and torch.compile (Inductor, Triton) per call.
+CI has no GPU; run it where one is (`--device cpu` runs the same checks here):
+
+    python bench/gpu.py [--device cuda] [--repeats 7] [--no-inductor] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
+from training import MLP, Block  # noqa: E402
+
+import ember  # noqa: E402
+from ember.backend.compile import stats  # noqa: E402
+
+torch.backends.cuda.matmul.allow_tf32 = False  # compare float32 as float32
+torch.backends.cudnn.allow_tf32 = False
+
+
+class DropoutMLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(64, 256), nn.Linear(256, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.dropout(F.gelu(self.fc1(x)), 0.5, self.training))
+
+
+def close(got, want, what: str, tol: float = 1e-4) -> None:
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol, msg=lambda m: f"{what}: {m}")
+    if isinstance(got, torch.Tensor):
+        assert got.device == want.device, f"{what}: on {got.device}, eager's on {want.device}"
+
+
+def check_inference(dev: torch.device) -> None:
+    def chain(x):
+        return torch.sigmoid(x * 2 + 1).relu() - x.tanh()
+
+    def norms(x, w):
+        return torch.softmax(x, -1), F.layer_norm(x, (x.shape[-1],), w), x.sum(0)
+
+    x, w = torch.randn(64, 128, device=dev), torch.randn(128, device=dev)
+    close(ember.compile(chain)(x), chain(x), "pointwise chain")
+    close(ember.compile(norms)(x, w), norms(x, w), "softmax / layer norm / sum")
+    for make, shape in ((MLP, (32, 1024)), (Block, (2, 128, 256))):
+        model = make().to(dev).eval()
+        xin = torch.randn(shape, device=dev)
+        with torch.no_grad():
+            close(ember.compile(model)(xin), model(xin), f"{make.__name__} inference")
+
+
+def check_training(dev: torch.device) -> None:
+    for make, shape in ((MLP, (32, 1024)), (Block, (2, 128, 256))):
+        base = make().to(dev)
+        xin = torch.randn(shape, device=dev)
+        results = []
+        for compiled in (False, True):
+            model = copy.deepcopy(base)
+            fn = ember.compile(model) if compiled else model
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(2):
+                opt.zero_grad()
+                loss = fn(xin).square().mean()
+                loss.backward()
+                opt.step()
+            grads = [p.grad.clone() for p in model.parameters()]
+            results.append((loss.detach(), grads, [p.detach().clone() for p in model.parameters()]))
+        (l0, g0, p0), (l1, g1, p1) = results
+        close(l1, l0, f"{make.__name__} loss")
+        close(g1, g0, f"{make.__name__} gradients", 1e-3)
+        close(p1, p0, f"{make.__name__} parameters after two SGD steps", 1e-3)
+
+
+def check_dropout(dev: torch.device) -> None:
+    """Seeded like eager, the compiled model drops the same elements (the fused kernel eager
+    runs on GPUs is traced, ember/aot/dropout.py), and its backward uses the forward's mask:
+    for y = dropout(x * w), d(sum y)/dw is the column sum of y / w."""
+    base = DropoutMLP().to(dev).train()
+    x = torch.randn(16, 64, device=dev, requires_grad=True)
+    fn = ember.compile(base)
+    torch.manual_seed(0)
+    out = fn(x)
+    out.sum().backward()
+    torch.manual_seed(0)
+    x2 = x.detach().clone().requires_grad_()
+    ref = base(x2)
+    ref.sum().backward()
+    close(out, ref, "dropout output (same seed as eager)")
+    close(x.grad, x2.grad, "dropout input gradient")
+
+    w = torch.rand(64, device=dev, requires_grad=True)
+    y = ember.compile(lambda a, w: F.dropout(a * w, 0.3, True))(x.detach(), w)
+    y.sum().backward()
+    close(w.grad, (y / w).sum(0).detach(), "dropout mask in backward = forward's")
+
+
+def check_bf16_break_and_transfer(dev: torch.device) -> None:
+    model = MLP().to(dev, torch.bfloat16).eval()
+    xin = torch.randn(16, 1024, device=dev, dtype=torch.bfloat16)
+    with torch.no_grad():
+        close(ember.compile(model)(xin), model(xin), "bfloat16 MLP", 2e-2)
+
+    seen = []
+
+    def with_break(x):
+        y = x.cos() * 2
+        seen.append(float(y.sum()))  # a graph break: data-dependent Python value
+        return y.sin()
+
+    x = torch.randn(1000, device=dev)
+    close(ember.compile(with_break)(x), with_break(x), "graph break")
+    assert len(seen) == 2 and abs(seen[0] - seen[1]) < 1e-2, seen
+
+    def moves(a):
+        return (a.to(dev) * 3).exp().cpu() + 1
+
+    a = torch.randn(100)
+    close(ember.compile(moves)(a), moves(a), "copy to the device and back inside the graph")
+
+
+CHECKS = [check_inference, check_training, check_dropout, check_bf16_break_and_transfer]
+
+
+def per_call(fn: Callable[[], object], dev: torch.device, repeats: int) -> float:
+    """Median over `repeats` blocks of the mean time per call (synchronized per block), ms."""
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    for _ in range(3):
+        fn()
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    n = max(3, min(200, int(0.05 / max(time.perf_counter() - t0, 1e-6))))
+    times = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        sync()
+        times.append((time.perf_counter() - t0) / n * 1e3)
+    return statistics.median(times)
+
+
+def timings(dev: torch.device, repeats: int, inductor: bool) -> dict[str, dict[str, float]]:
+    table: dict[str, dict[str, float]] = {}
+    for make, shape in ((MLP, (256, 1024)), (Block, (8, 128, 256))):
+        for mode in ("inference", "training step"):
+            base = make().to(dev)
+            xin = torch.randn(shape, device=dev)
+            row = {}
+            names = ["eager", "ember.compile"] + (["inductor"] if inductor else [])
+            for name in names:
+                model = copy.deepcopy(base)
+                fn = {"eager": model, "ember.compile": ember.compile(model)}.get(name)
+                if fn is None:
+                    fn = torch.compile(model, dynamic=False)
+                if mode == "inference":
+                    model.eval()
+
+                    def call(fn=fn, xin=xin) -> object:
+                        with torch.no_grad():
+                            return fn(xin)
+                else:
+                    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+                    def call(fn=fn, opt=opt, xin=xin) -> object:
+                        opt.zero_grad(set_to_none=True)
+                        fn(xin).square().mean().backward()
+                        opt.step()
+
+                t0 = time.perf_counter()
+                call()
+                if dev.type == "cuda":
+                    torch.cuda.synchronize()
+                row[f"{name} first call s"] = time.perf_counter() - t0
+                row[f"{name} ms"] = per_call(call, dev, repeats)
+            table[f"{make.__name__} {mode}"] = row
+            print(f"{make.__name__:5} {mode:13}", "  ".join(f"{k} {v:.3f}" for k, v in row.items()))
+    return table
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--no-inductor", action="store_true")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    dev = torch.device(args.device)
+    name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
+    print(f"# torch {torch.__version__} on {name}, Python {sys.version.split()[0]}")
+    failed = []
+    for check in CHECKS:
+        try:
+            check(dev)
+            print(f"ok   {check.__name__}")
+        except Exception:
+            failed.append(check.__name__)
+            print(f"FAIL {check.__name__}\n{traceback.format_exc()}")
+    print(f"# graphs run as aten ops off the CPU: {stats['off_cpu_graphs']}")
+    result = {"failed": failed, "off_cpu_graphs": stats["off_cpu_graphs"]}
+    result["timings"] = timings(dev, args.repeats, not args.no_inductor)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
