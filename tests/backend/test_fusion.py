@@ -168,3 +168,21 @@ def test_column_reduction_with_per_row_values():
     mean, rstd = torch.randn(300, 1), torch.rand(300, 1)
     (art,) = check(f, g, x, mean, rstd, atol=1e-4, rtol=1e-5)
     assert "xb += 64" in art.cpp
+
+
+def test_multi_pass_row_kernel_prefetches_the_next_row():
+    """Softmax reads each row three times: the first pass from memory, the later ones from
+    cache. The second pass prefetches the next row's cache lines (one per block of 16 floats)
+    so the first pass of the next row finds it in cache; small inputs stay in cache anyway
+    and get no prefetch, and neither does a column walk."""
+
+    def f(x):
+        return torch.softmax(x, -1)
+
+    (art,) = check(f, torch.randn(512, 1000))  # 2 MB
+    body = art.cpp[art.cpp.index('extern "C" void kernel') :]
+    fetches = re.findall(r"__builtin_prefetch\(&in0\[(.*)\], 0, 3\);", body)
+    assert fetches == ["(1000 + rb + (1000*x0))"], fetches
+    (small,) = check(f, torch.randn(64, 100))
+    (cols,) = check(lambda x: torch.softmax(x, 0), torch.randn(1000, 512))
+    assert "__builtin_prefetch" not in small.cpp + cols.cpp

@@ -241,6 +241,7 @@ class KernelWriter:
         self.k = k
         self.buffers = buffers
         self.lines: list[str] = []
+        self.prefetch: list[tuple[str, sympy.Expr]] = []  # see _next_rows
 
     def params(self) -> list[str]:
         """Buffers passed as pointers, in signature order (reads, then writes)."""
@@ -290,6 +291,7 @@ class KernelWriter:
                 ind += "  "
         scalars: dict[str, str] = {}
         self.stash, self.preset, arrays = _shared_across_loops(k)
+        self.prefetch = _next_rows(k, self.buffers)
         for dtype, name, size in arrays:
             self.lines.append(f"{ind}{VALUE_T[dtype]} {name}[{size}];")
         for j, lp in enumerate(k.loops):
@@ -441,7 +443,8 @@ class KernelWriter:
                 )
                 if _nan_tracked(r):
                     self.lines.append(f"{ind}int32_t nan_{r.name}[{LANES}] = {{0}};")
-            self._inner(lp, ind, scalars, bool(reds))
+            prefetch = self.prefetch if self.loop_index == 1 else []
+            self._inner(lp, ind, scalars, bool(reds), prefetch)
             for r in reds:
                 t = VALUE_T[acc_type(r)]
                 self.lines.append(f"{ind}{t} red_{r.name} = acc_{r.name}[0];")
@@ -463,7 +466,11 @@ class KernelWriter:
                 )
                 self.lines.append(ind + store_c(r.name, r.index, v, r.dtype))
 
-    def _inner(self, lp: Loop, ind: str, scalars: dict[str, str], lanes: bool) -> None:
+    def _inner(
+        self, lp: Loop, ind: str, scalars: dict[str, str], lanes: bool, prefetch: list
+    ) -> None:
+        """The loops over `lp.inner`: the innermost one in blocks of LANES when reductions
+        accumulate per lane or when each block prefetches a cache line of the next rows."""
         m = len(lp.inner)
         close = 0
         for i, s in enumerate(lp.inner[:-1]):
@@ -471,7 +478,7 @@ class KernelWriter:
             ind += "  "
             close += 1
         last, size = f"r{m - 1}", lp.inner[-1]
-        if not lanes:
+        if not lanes and not prefetch:
             self.lines.append(f"{ind}#pragma omp simd")
             self.lines.append(f"{ind}for (int64_t {last} = 0; {last} < {size}; ++{last}) {{")
             self._statements(lp.nodes, ind + "  ", scalars, None)
@@ -480,6 +487,11 @@ class KernelWriter:
             self.lines.append(f"{ind}{{")
             self.lines.append(f"{ind}int64_t rb = 0;")
             self.lines.append(f"{ind}for (; rb + {LANES} <= {size}; rb += {LANES}) {{")
+            for buf, index in prefetch:
+                per_line = max(1, 64 // self.buffers[buf].dtype.itemsize)
+                for at in range(0, LANES, per_line):
+                    where = indexing.to_c(index.subs(_R0, _RB + at))
+                    self.lines.append(f"{ind}  __builtin_prefetch(&{buf}[{where}], 0, 3);")
             self.lines.append(f"{ind}  #pragma omp simd")
             self.lines.append(f"{ind}  for (int l = 0; l < {LANES}; ++l) {{")
             self.lines.append(f"{ind}    const int64_t {last} = rb + l;")
@@ -685,6 +697,40 @@ def _shared_across_loops(k: Kernel):
                 stash.setdefault(i, []).append((e, ref))
                 preset.setdefault(j, {})[e] = ref
     return stash, preset, arrays
+
+
+_R0 = ir.loop_vars(1, "r")[0]
+_RB = sympy.Symbol("rb", integer=True, nonnegative=True)
+PREFETCH_MIN_BYTES = 1 << 20  # rows in all below which they stay in cache between kernels
+
+
+def _next_rows(k: Kernel, buffers: dict[str, ir.Buffer]) -> list[tuple[str, sympy.Expr]]:
+    """What the second loop of a kernel making several passes over each outer point's row
+    prefetches: the row its first loop reads from memory, at the next outer point (each
+    buffer, index at the next point with r0 free). The first pass waits on memory while
+    the later ones run from cache, and the hardware prefetcher does not run ahead across
+    the passes; fetching the next row during the second pass overlaps the two (nn.LayerNorm
+    4096x1024: 1.39 -> 1.03 ms in a hand-written C++ test, prefetching in the last pass
+    instead 1.19 ms). Only contiguous row reads of large inputs, so a line is one fetch."""
+    if len(k.loops) < 2 or not k.outer:
+        return []
+    first, second = k.loops[0], k.loops[1]
+    if len(first.inner) != 1 or second.inner != first.inner:
+        return []
+    x = ir.loop_vars(len(k.outer))[-1]
+    produced = {n.name for n in k.nodes()}
+    rows: dict[str, sympy.Expr] = {}
+    for node in first.nodes:
+        for ld in ir.loads(node.body):
+            divmod = ld.index.has(indexing.FloorDiv, indexing.ModIdx)
+            contiguous = ld.index.coeff(_R0) == 1 and not divmod
+            if ld.buffer in produced or ld.mask or not contiguous or not ld.index.has(x):
+                continue
+            rows[ld.buffer] = ld.index.subs(x, x + 1)
+    size = _prod(k.outer) * first.inner[0]
+    if sum(size * buffers[b].dtype.itemsize for b in rows) < PREFETCH_MIN_BYTES:
+        return []
+    return sorted(rows.items())
 
 
 def kernel_source(k: Kernel, buffers: dict[str, ir.Buffer]) -> tuple[str, list[str]]:
