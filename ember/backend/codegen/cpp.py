@@ -722,8 +722,8 @@ def _next_rows(k: Kernel, buffers: dict[str, ir.Buffer]) -> list[tuple[str, symp
     rows: dict[str, sympy.Expr] = {}
     for node in first.nodes:
         for ld in ir.loads(node.body):
-            divmod = ld.index.has(indexing.FloorDiv, indexing.ModIdx)
-            contiguous = ld.index.coeff(_R0) == 1 and not divmod
+            divided = ld.index.has(indexing.FloorDiv, indexing.ModIdx)
+            contiguous = ld.index.coeff(_R0) == 1 and not divided
             if ld.buffer in produced or ld.mask or not contiguous or not ld.index.has(x):
                 continue
             rows[ld.buffer] = ld.index.subs(x, x + 1)
