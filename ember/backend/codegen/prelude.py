@@ -36,11 +36,16 @@ EMBER_NAN_MAXMIN(double)
 template <typename T> static inline T ember_max(T a, T b) { return a > b ? a : b; }
 template <typename T> static inline T ember_min(T a, T b) { return a < b ? a : b; }
 
-static inline float ember_exp_reduced(float xc, float* k) {
-  /* e^xc = 2^k * e^r with xc = k ln2 + r, |r| <= ln2 / 2; returns e^r (a polynomial) */
-  *k = __builtin_rintf(xc * 1.44269504088896341f);
-  float r = __builtin_fmaf(*k, -0.693359375f, xc);
-  r = __builtin_fmaf(*k, 2.12194440e-4f, r);
+static inline float ember_exp_reduced(float xc, int32_t* k) {
+  /* e^xc = 2^k * e^r with xc = k ln2 + r, |r| <= ln2 / 2; returns e^r (a polynomial). k is
+     rounded by adding 1.5 * 2^23, which leaves it in the sum's low mantissa bits: one add
+     instead of a rounding instruction and a float-to-int conversion */
+  const float magic = 12582912.0f;
+  float z = __builtin_fmaf(xc, 1.44269504088896341f, magic);
+  float kf = z - magic;
+  *k = (int32_t)(ember_f_bits(z) - 0x4b400000u);
+  float r = __builtin_fmaf(kf, -0.693359375f, xc);
+  r = __builtin_fmaf(kf, 2.12194440e-4f, r);
   float p = 1.9875691500e-4f;
   p = __builtin_fmaf(p, r, 1.3981999507e-3f);
   p = __builtin_fmaf(p, r, 8.3334519073e-3f);
@@ -51,30 +56,30 @@ static inline float ember_exp_reduced(float xc, float* k) {
 }
 
 static inline float ember_expf(float x) {
-  /* exp(x) = 2^k1 * 2^k2 * e^r, k = k1 + k2 split so that subnormal results stay exact */
+  /* exp(x) = 2^k1 * 2^k2 * e^r, k = k1 + k2 split so that subnormal results stay exact.
+     The clamps let NaN through (comparisons with NaN are false), so no NaN select */
   const float hi = 88.72283935546875f, lo = -103.972084045410f;
-  float xc = x > hi ? hi : (x >= lo ? x : lo); /* NaN takes lo; replaced at the end */
-  float k;
+  float xc = x < lo ? lo : x;
+  xc = xc > hi ? hi : xc;
+  int32_t k;
   float p = ember_exp_reduced(xc, &k);
-  int32_t ki = (int32_t)k;
-  int32_t k1 = ki >> 1, k2 = ki - k1;
+  int32_t k1 = k >> 1, k2 = k - k1;
   float s1 = ember_bits_f((uint32_t)(k1 + 127) << 23);
   float s2 = ember_bits_f((uint32_t)(k2 + 127) << 23);
   float res = p * s1 * s2;
-  res = x > hi ? INFINITY : (x < lo ? 0.0f : res);
-  return x != x ? x : res;
+  res = x > hi ? INFINITY : res;
+  return x < lo ? 0.0f : res;
 }
 
 static inline float ember_expf_shifted(float x) {
   /* exp(x) for x <= 0 or NaN (softmax's x - rowmax): one scale by 2^k, no overflow path;
      below -87.3 (a result under float's normal range) the result is 0 */
   const float lo = -87.3365447505531f;
-  float xc = x >= lo ? x : lo; /* NaN takes lo; replaced at the end */
-  float k;
+  float xc = x < lo ? lo : x; /* NaN stays NaN */
+  int32_t k;
   float p = ember_exp_reduced(xc, &k);
-  float res = p * ember_bits_f((uint32_t)((int32_t)k + 127) << 23);
-  res = x >= lo ? res : 0.0f;
-  return x != x ? x : res;
+  float res = p * ember_bits_f((uint32_t)(k + 127) << 23);
+  return x < lo ? 0.0f : res;
 }
 
 static inline float ember_logf(float x) {
@@ -109,6 +114,8 @@ static inline float ember_logf(float x) {
 }
 
 static inline float ember_tanhf(float x) {
+  /* |x| < 0.625: odd polynomial; else (1 - e) / (1 + e) with e = exp(-2|x|) <= 0.29 (no
+     cancellation; the exp needs no overflow path) */
   float ax = __builtin_fabsf(x);
   float z = x * x;
   float s = -5.70498872745e-3f;
@@ -117,13 +124,18 @@ static inline float ember_tanhf(float x) {
   s = __builtin_fmaf(s, z, 1.33314422036e-1f);
   s = __builtin_fmaf(s, z, -3.33332819422e-1f);
   float small = __builtin_fmaf(s * z, x, x);
-  float t = ember_expf(2.0f * ax);
-  float big = 1.0f - 2.0f / (t + 1.0f);
+  float e = ember_expf_shifted(-2.0f * ax);
+  float big = (1.0f - e) / (1.0f + e);
   big = x < 0.0f ? -big : big;
   return ax < 0.625f ? small : big;
 }
 
-static inline float ember_sigmoidf(float x) { return 1.0f / (1.0f + ember_expf(-x)); }
+static inline float ember_sigmoidf(float x) {
+  /* with e = exp(-|x|) <= 1: 1 / (1 + e) for x >= 0, e / (1 + e) below (no overflow path) */
+  float e = ember_expf_shifted(-__builtin_fabsf(x));
+  float r = 1.0f / (1.0f + e);
+  return x >= 0.0f ? r : e * r;
+}
 
 static inline float ember_erff_given_exp(float x, float e) {
   /* e is exp(-x*x) */
