@@ -140,7 +140,30 @@ def check_bf16_break_and_transfer(dev: torch.device) -> None:
     close(ember.compile(moves)(a), moves(a), "copy to the device and back inside the graph")
 
 
-CHECKS = [check_inference, check_training, check_dropout, check_bf16_break_and_transfer]
+def check_mixed_devices_and_dynamo(dev: torch.device) -> None:
+    """A 0-dim CPU tensor beside device tensors (eager allows it), and ember's backend
+    behind PyTorch's own capture (`torch.compile(backend=ember.backend)`)."""
+    half = torch.tensor(0.5)
+
+    def scaled(x):
+        return (x * half).sin() + half
+
+    x = torch.randn(64, 32, device=dev)
+    close(ember.compile(scaled)(x), scaled(x), "0-dim CPU tensor with device tensors")
+    model = MLP().to(dev).eval()
+    xin = torch.randn(8, 1024, device=dev)
+    with torch.no_grad():
+        got = torch.compile(model, backend=ember.backend, dynamic=False)(xin)
+        close(got, model(xin), "MLP behind torch.compile(backend=ember.backend)")
+
+
+CHECKS = [
+    check_inference,
+    check_training,
+    check_dropout,
+    check_bf16_break_and_transfer,
+    check_mixed_devices_and_dynamo,
+]
 
 
 def per_call(fn: Callable[[], object], dev: torch.device, repeats: int) -> float:
