@@ -32,6 +32,7 @@ from ember.aot.eager_runner import eager_compile_aten
 from ember.aot.program import (
     Program,
     check_input_aliasing,
+    devices_of,
     lift_state,
     split_args,
     trace_inference,
@@ -94,6 +95,11 @@ class AotFunction:
                 # grad is off outside and on inside the graph: autograd.Function outputs
                 # would not require grad, so the torch-level graph runs as it is
                 logs.log("aot", "graph enables grad under no_grad: running it uncompiled")
+                runtime = _run_torch_level(self.gm)
+            elif len(devices := devices_of(args, self.state)) > 1:
+                # one traced graph holds one device's tensors; eager moves between them
+                where = ", ".join(sorted(map(str, devices)))
+                logs.log("aot", "graph inputs on %s: running it uncompiled", where)
                 runtime = _run_torch_level(self.gm)
             else:
                 runtime = self._build(args, training)

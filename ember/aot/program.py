@@ -157,12 +157,19 @@ def check_input_aliasing(flat: Sequence[torch.Tensor], mutated: Sequence[int]) -
                 )
 
 
+def devices_of(args: Sequence[Any], state: Sequence[Any]) -> set[torch.device]:
+    """Where a graph's tensor inputs and lifted state live. 0-dim CPU tensors do not count:
+    eager lets such scalars take part in ops on any device (x_cuda * torch.tensor(2.0))."""
+    real = [a for a in args if isinstance(a, torch.Tensor)] + [r.get() for r in state]
+    return {t.device for t in real if t.device.type != "cpu" or t.dim() > 0}
+
+
 def begin(gm: torch.nn.Module, args: Sequence[Any]) -> tuple[Tracer, Program, list, list]:
     """Set up a tracer with one placeholder per flat input; returns fakes for gm's args."""
     kinds, ints = split_args(args)
     state = lift_state(gm)
     real = [a for a in args if isinstance(a, torch.Tensor)] + [r.get() for r in state]
-    devices = {t.device for t in real}
+    devices = devices_of(args, state)
     if len(devices) > 1:
         raise TraceError(
             BreakReason.UNSUPPORTED_OBJECT,

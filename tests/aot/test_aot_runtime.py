@@ -298,3 +298,35 @@ def test_dropout_is_traced_as_the_kernel_eager_runs_on_the_device(device):
     fused = {"aten.native_dropout.default"}
     assert (fused <= ops) == (device == "cuda")
     assert any("bernoulli" in op for op in ops) == (device == "cpu")
+
+
+def test_cpu_scalar_tensor_beside_tensors_on_another_device():
+    """Eager lets a 0-dim CPU tensor take part in ops on any device (x_cuda * torch.tensor(2.)
+    is common); the aot stage traces such a graph for the other device instead of refusing
+    it. meta stands in for cuda here: the graph runs as its aten ops there."""
+    import ember
+
+    half = torch.tensor(0.5)
+
+    def scaled(x):
+        return (x * half).sin() + half
+
+    x = torch.randn(4, 3)
+    out = ember.compile(scaled)(x.to("meta"))
+    assert out.device.type == "meta" and out.shape == (4, 3)
+    torch.testing.assert_close(ember.compile(scaled)(x), scaled(x))
+
+
+def test_graph_on_several_devices_runs_uncompiled_as_eager():
+    """A graph whose inputs live on two devices (a copy from one to the other inside it) is
+    valid eager code: it runs as the captured torch-level graph, with eager's answer,
+    instead of failing (meta stands in for a GPU: the copy is `.to("meta")`)."""
+    import ember
+
+    def moves(a, b):
+        return a.to("meta") * 2 + b, a.sum()
+
+    a, b = torch.randn(4, 3), torch.randn(4, 3, device="meta")
+    got, total = ember.compile(moves)(a, b)
+    assert got.device.type == "meta" and got.shape == (4, 3)
+    torch.testing.assert_close(total, a.sum())
