@@ -286,11 +286,17 @@ class Tracer:
         return not any(i.root == key for k, i in aliases.info.items() if k != key)
 
     def _rebind_view(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """An in-place view (x.transpose_(0, 1)) of an intermediate: recorded as its
+        out-of-place form, and the meta tensor takes the new layout. The node that made `x`
+        keeps a stand-in with the layout it produced (its meta is what the backend sizes
+        buffers by; before, the in-place op reshaped it too: nn.GRU's batch_first output)."""
+        src = args[0]
+        self.value(src).meta["val"] = src.as_strided(src.shape, src.stride(), src.storage_offset())
         fvar = functional_variant(func)
         f_args, f_kwargs = _rebind(func, fvar, args, kwargs)
         f_val = self._on_meta(fvar, f_args, f_kwargs)
         node = self.emit(fvar, self._record(f_args), self._record(f_kwargs), f_val)
-        out = self._on_meta(func, args, kwargs)  # the meta tensor takes the new layout
+        out = self._on_meta(func, args, kwargs)
         self.aliases.add_root(out, node)
         return out
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
@@ -103,3 +105,22 @@ def test_training_step_gradients_match_eager(batch):
     for a, b in zip(model.parameters(), twin.parameters()):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5)
     assert len(arts) == 2 and stats["graph_fallbacks"] == before  # forward and backward
+
+
+@pytest.mark.parametrize("cell", [nn.GRU, nn.LSTM], ids=lambda c: c.__name__)
+def test_recurrent_batch_first_inference_and_gradients(cell):
+    """eager's RNN ends with an in-place `transpose_` for batch_first: the stacked outputs'
+    buffer keeps the layout the stack produced (it used to take the transposed one and the
+    wrapper failed copying into it)."""
+    import ember
+
+    torch.manual_seed(0)
+    ref = cell(16, 32, batch_first=True)
+    mine = copy.deepcopy(ref)
+    x = torch.randn(3, 7, 16)
+    with torch.no_grad():
+        check(lambda x: ref(x)[0], x, atol=1e-5, rtol=1e-4)
+    ember.compile(lambda x: mine(x)[0])(x).square().sum().backward()
+    ref(x)[0].square().sum().backward()
+    for (name, p), q in zip(ref.named_parameters(), mine.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, atol=1e-5, rtol=1e-4, msg=name)

@@ -36,8 +36,10 @@ class Artifact:
 
 
 @functools.cache
-def _backend_digest() -> str:
-    root = Path(__file__).resolve().parents[1]
+def _source_digest() -> str:
+    """A hash of ember's sources: an artifact depends on the backend's code and also on the
+    layouts the aot tracer records on the graph's nodes, which the graph's code omits."""
+    root = Path(__file__).resolve().parents[2]
     h = hashlib.sha256()
     for p in sorted(root.rglob("*.py")):
         h.update(p.read_bytes())
@@ -64,7 +66,7 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> str:
         json.dumps(cfg, sort_keys=True, default=str),
         EMBER_VERSION,
         torch.__version__,
-        _backend_digest(),
+        _source_digest(),
         compiler_id(),
     ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
