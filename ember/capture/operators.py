@@ -72,6 +72,10 @@ def apply(tx: Translator, fn: Any, args: list[Value]) -> Value:
     if fn is operator.getitem:
         return args[0].getitem(tx, args[1])
     if any(isinstance(a, TensorValue) for a in args):
+        if fn in _INPLACE_TO_PLAIN and _numeric(args[0], args[0]):
+            # `n += t` for a number n: numbers have no in-place form, so Python runs n + t
+            # (T5's `relative_buckets = 0; relative_buckets += ...`)
+            fn = _INPLACE_TO_PLAIN[fn]
         return tensor_op(tx, "call_function", fn, args, {})
     if all_constant(args) and not any(
         isinstance(a, SequenceValue | DictValue | SetValue) for a in args

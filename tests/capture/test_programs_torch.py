@@ -312,6 +312,15 @@ def p_tensor_float_dtype_compare(x):
     return x + int(same)
 
 
+def p_number_augmented_by_tensor(x):
+    # numbers have no in-place form: `n += t` is n = n + t (T5's relative position buckets)
+    buckets = 0
+    buckets += (x > 0).to(torch.long) * 16
+    scale = 1.5
+    scale *= x
+    return buckets, scale
+
+
 CASES = [
     (p_len, [x4]),
     (p_isinstance, [x4]),
@@ -361,6 +370,7 @@ CASES = [
     (p_tensor_chunk_unpack, [x34]),
     (p_tensor_split_comprehension, [x34]),
     (p_tensor_float_dtype_compare, [x4]),
+    (p_number_augmented_by_tensor, [x34]),
 ]
 
 
