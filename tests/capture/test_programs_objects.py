@@ -408,3 +408,53 @@ def test_value_read_before_a_replayed_store_survives_a_graph_break(capsys):
 
         assert_same(compiled(v_compiled, x), f(v_eager, x))
         assert_same(v_compiled.data, v_eager.data)
+
+
+class _Layers(collections.abc.Sequence):
+    """A Sequence through the ABC's mixins only: iterating it steps self[i] until IndexError
+    (transformers' per-layer config view)."""
+
+    def __init__(self, scales):
+        self.scales = scales
+
+    def __len__(self):
+        return len(self.scales)
+
+    def __getitem__(self, i):
+        if i >= len(self.scales):
+            raise IndexError("list index out of range")
+        return self.scales[i]
+
+
+def test_sequence_mixin_iteration_is_captured_whole():
+    layers = _Layers([1.0, 2.0, 3.0])
+
+    def f(x):
+        for s in layers:
+            x = x * s + 1
+        return x, list(reversed([s for s in layers]))
+
+    check_program(f, [lambda: torch.randn(4)])
+
+
+def test_environment_reads_are_captured_and_guarded(monkeypatch):
+    """os.environ's `get` and `in` catch a missing variable's KeyError, which traced code
+    cannot: the environment is read as a dict (transformers reads it in attention), guarded
+    on its names and values, so setting a variable recompiles with the new answer."""
+    import os
+
+    import ember
+
+    monkeypatch.delenv("EMBER_TEST_FLAG", raising=False)
+
+    def f(x):
+        if os.environ.get("EMBER_TEST_FLAG", "0") == "1" or "EMBER_TEST_OTHER" in os.environ:
+            return x * 2
+        return x + 1
+
+    check_program(f, [lambda: torch.randn(4)])
+    compiled = ember.compile(f, fullgraph=True)
+    x = torch.randn(4)
+    torch.testing.assert_close(compiled(x), x + 1)
+    monkeypatch.setenv("EMBER_TEST_FLAG", "1")
+    torch.testing.assert_close(compiled(x), x * 2)

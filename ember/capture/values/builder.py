@@ -12,6 +12,7 @@ import collections
 import dataclasses
 import enum
 import functools
+import os
 import types
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -134,6 +135,8 @@ class ValueBuilder:
             result = self._wrap_dict(value, source)
             if result is not None:
                 return result
+        if value is os.environ:
+            return self._wrap_environ(source)
         if isinstance(value, torch.nn.Module):
             guards.add(GuardKind.ID_MATCH, source, value)
             return ModuleValue(value, source)
@@ -167,6 +170,18 @@ class ValueBuilder:
         self.ctx.guards.add(GuardKind.DICT_KEYS, source, (cls, list(value)))
         items = {keys[k]: self.wrap(v, ItemSource(source, k)) for k, v in value.items()}
         return DictValue(items, source, dict_type=cls)
+
+    def _wrap_environ(self, source: Source) -> Value:
+        """os.environ as a dict of its entries: its Mapping methods (`get`, `in`) catch the
+        KeyError of a missing variable, which traced code cannot, and libraries read it in
+        forward (transformers' attention). Guarded on its names and values, so setting or
+        changing a variable recompiles; writes replay on os.environ after the graph."""
+        from ember.capture.values.containers import DictValue
+
+        env = os.environ
+        self.ctx.guards.add(GuardKind.DICT_KEYS, source, (type(env), list(env)))
+        items = {k: self.wrap(v, ItemSource(source, k)) for k, v in env.items()}
+        return DictValue(items, source, dict_type=dict)
 
     def _wrap_callable_or_object(self, value: Any, source: Source) -> Value:
         guards = self.ctx.guards

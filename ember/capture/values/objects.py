@@ -9,6 +9,7 @@ properties have their getter inlined.
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import types
 from typing import TYPE_CHECKING, Any
@@ -369,6 +370,12 @@ class UserObjectValue(Value):
     def iterate(self, tx: Translator) -> list[Value]:
         from ember.capture.values.containers import iterator_over
 
+        if python_override(self.cls, "__iter__") is collections.abc.Sequence.__iter__:
+            # the Sequence mixin steps self[i] until IndexError, which by the ABC's contract
+            # is at len(self): read that many items, no exception to trace (transformers'
+            # per-layer config view, iterated by every causal LM's cache setup)
+            n = self.length(tx)
+            return [self.getitem(tx, ConstantValue(i)) for i in range(n)]
         method = self.type_method(tx, "__iter__")
         if method is None:
             return super().iterate(tx)
