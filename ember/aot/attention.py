@@ -51,15 +51,16 @@ def _fused_like_eager(
     scale: float | None = None,
     enable_gqa: bool = False,
 ) -> Any:
-    """The fused CPU kernel's output where eager would run it, else None. Dropout and
-    grouped-query attention keep the composite path."""
+    """The fused CPU kernel's output where eager would run it, else None. Dropout keeps the
+    composite path. With grouped-query attention (fewer key/value heads, Llama's) eager
+    hands the kernel the unrepeated keys and values, and so does this."""
     tensors = [query, key, value] + ([attn_mask] if attn_mask is not None else [])
-    if dropout_p != 0.0 or enable_gqa or not all(t.is_meta for t in tensors):
+    if dropout_p != 0.0 or not all(t.is_meta for t in tensors):
         return None
     with _disable_current_modes():  # the stand-ins are real tensors, not recorded ones
         q, k, v, *m = map(_stand_in, tensors)
         choice = torch._fused_sdp_choice(
-            q, k, v, m[0] if m else None, dropout_p, is_causal, scale=scale, enable_gqa=False
+            q, k, v, m[0] if m else None, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
         )
     if choice != _FLASH:
         return None
