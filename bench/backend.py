@@ -2,7 +2,7 @@
 
 Workloads: pointwise chain (4M floats), softmax 4096x1024, hand-written layer norm and
 nn.LayerNorm 4096x1024, MLP block (1024->4096->1024, batch 256), transformer block (seq 128,
-d 256, batch 8), tiny call (3 pointwise ops on 16 floats), GPT-2 with a tiny config (if
+d 256, batch 8), tiny call (3 pointwise ops on 16 floats), GPT-2 and Llama with tiny configs (if
 `transformers` is installed). Variants: eager, torch.compile (Inductor), ember.compile
 (ember's capture and backend: "ember") and torch.compile(backend=ember.backend) (ember's
 backend behind PyTorch's capture: "ember (dynamo)").
@@ -99,6 +99,26 @@ def gpt2():
     return run, [torch.randint(0, 2048, (4, 128))]
 
 
+def llama():
+    from transformers import LlamaConfig, LlamaModel
+
+    cfg = LlamaConfig(
+        vocab_size=2048,
+        hidden_size=256,
+        intermediate_size=688,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    model = LlamaModel(cfg).eval()
+
+    def run(ids):
+        return model(input_ids=ids, use_cache=False).last_hidden_state
+
+    return run, [torch.randint(0, 2048, (4, 128))]
+
+
 def workloads() -> dict[str, Callable[[], tuple[Callable, list, float | None]]]:
     """name -> factory of (function, inputs, minimum bytes moved or None)."""
     big = 4096 * 1024 * 4
@@ -124,6 +144,7 @@ def workloads() -> dict[str, Callable[[], tuple[Callable, list, float | None]]]:
         ),
         "tiny call 16 floats": lambda: (tiny, [torch.randn(16)], None),
         "GPT-2 tiny": lambda: (*gpt2(), None),
+        "Llama tiny": lambda: (*llama(), None),
     }
 
 
@@ -305,12 +326,11 @@ def main() -> None:
         _child(*a.child)
         return
     names = [n for n in workloads() if not a.only or any(k in n for k in a.only.split(","))]
-    if "GPT-2 tiny" in names:
-        try:
-            import transformers  # noqa: F401
-        except ImportError:
-            print("# transformers is not installed: GPT-2 row skipped", file=sys.stderr)
-            names.remove("GPT-2 tiny")
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        print("# transformers is not installed: GPT-2 and Llama rows skipped", file=sys.stderr)
+        names = [n for n in names if n not in ("GPT-2 tiny", "Llama tiny")]
     triad = triad_gbs()
     rows, firsts = {}, {}
     for name in names:

@@ -186,3 +186,19 @@ def test_multi_pass_row_kernel_prefetches_the_next_row():
     (small,) = check(f, torch.randn(64, 100))
     (cols,) = check(lambda x: torch.softmax(x, 0), torch.randn(1000, 512))
     assert "__builtin_prefetch" not in small.cpp + cols.cpp
+
+
+def test_transcendental_table_read_broadcast_is_computed_once():
+    """Rotary embeddings compute cos/sin of a (seq, dim) table and multiply them into every
+    batch and head: the table is stored once (512 cos and sin), not recomputed for each of
+    the 16384 elements that read it."""
+    pos, inv = torch.arange(32.0), torch.rand(16)
+
+    def rotary(q):
+        angle = pos[:, None] * inv[None, :]
+        return q * angle.cos() + q.flip(-1) * angle.sin()
+
+    (art,) = check(rotary, torch.randn(4, 8, 32, 16))
+    kernels = art.cpp.split("// ember: translation unit boundary")
+    with_cos = [k for k in kernels if "__builtin_cosf" in k]
+    assert len(with_cos) == 1 and "if(512 >= " in with_cos[0]

@@ -642,9 +642,6 @@ def _column_reduction(k: Kernel) -> bool:
     )
 
 
-_EXPENSIVE = frozenset(
-    {U.EXP, U.EXP_SHIFTED, U.LOG, U.TANH, U.ERF, U.SIGMOID, U.EXPM1, U.LOG1P, U.SIN, U.COS}
-)
 MAX_SCRATCH = 16384  # elements of a per-row scratch array (on the thread's stack)
 
 
@@ -656,7 +653,7 @@ def _subexprs(lp: Loop) -> set[ir.Expr]:
 
 
 def _expensive(e: ir.Expr) -> bool:
-    return any(isinstance(x, ir.Unary) and x.op in _EXPENSIVE for x in ir.walk(e))
+    return any(isinstance(x, ir.Unary) and x.op in ir.TRANSCENDENTAL for x in ir.walk(e))
 
 
 def _shared_across_loops(k: Kernel):

@@ -106,6 +106,22 @@ class BinaryOp(enum.Enum):
     value (its density), so the two share one exp."""
 
 
+TRANSCENDENTAL = frozenset(
+    {
+        UnaryOp.EXP,
+        UnaryOp.EXP_SHIFTED,
+        UnaryOp.LOG,
+        UnaryOp.TANH,
+        UnaryOp.ERF,
+        UnaryOp.SIGMOID,
+        UnaryOp.EXPM1,
+        UnaryOp.LOG1P,
+        UnaryOp.SIN,
+        UnaryOp.COS,
+    }
+)
+"""Unary ops costing tens of instructions per element: worth storing rather than recomputing."""
+
 COMPARISONS = frozenset(
     {BinaryOp.EQ, BinaryOp.NE, BinaryOp.LT, BinaryOp.LE, BinaryOp.GT, BinaryOp.GE}
 )

@@ -7,6 +7,7 @@ recompute expensively are realized; outputs are realized with eager's strides.
 
 from __future__ import annotations
 
+import math
 import operator
 from typing import Any
 
@@ -84,15 +85,37 @@ def _maybe_realize(builder: GraphBuilder, node: torch.fx.Node, value: Any) -> An
     that every later layer would otherwise recompute from all of its terms, or one that a
     GEMM or fallback reads (through views or not), which needs it in memory anyway: realized
     here once, in eager's layout, instead of once per such reader (a transposed GEMM operand
-    would otherwise get a transposed copy) and again as a graph output."""
+    would otherwise get a transposed copy) and again as a graph output; or a transcendental
+    value that a reader broadcasts (rotary embeddings' cos/sin of (seq, dim), read for every
+    batch and head), which inlining would recompute for each element of the reader."""
     if isinstance(value, LazyValue):
-        size, reads = expr_size(value)
+        size, reads, costly = expr_size(value)
         many_users = len(node.users) > 1
         if size > 4 * MAX_INLINE or (many_users and (size > MAX_INLINE or reads >= MAX_READS)):
+            return builder.realize(value)
+        if costly and _broadcast(node, math.prod(value.size)):
             return builder.realize(value)
         if _read_from_memory(node):
             return builder.realize(value, _eager_stride(node.meta.get("val")))
     return value
+
+
+def _broadcast(node: torch.fx.Node, numel: int) -> bool:
+    """Whether a pointwise reader of `node` (looking through views, expand among them)
+    computes more elements than `node` has, i.e. would evaluate it again for each."""
+    for user in node.users:
+        if user.op != "call_function":
+            continue
+        fn = LOWERINGS.get(user.target)
+        if user.target is operator.getitem or (fn is not None and fn.__module__ == views.__name__):
+            if _broadcast(user, numel):
+                return True
+            continue
+        val = user.meta.get("val")
+        elementwise = torch.Tag.pointwise in getattr(user.target, "tags", ())
+        if elementwise and isinstance(val, torch.Tensor) and val.numel() > numel:
+            return True
+    return False
 
 
 def _read_from_memory(node: torch.fx.Node) -> bool:

@@ -45,11 +45,14 @@ class LazyValue:
 Value = BufferValue | LazyValue
 
 
-def expr_size(v: LazyValue) -> tuple[int, int]:
-    """(expression nodes, distinct buffers read) per element: decides when to stop inlining."""
+def expr_size(v: LazyValue) -> tuple[int, int, bool]:
+    """(expression nodes, distinct buffers read, whether a transcendental op is among them)
+    per element: decides when to stop inlining."""
     idx = ir.loop_vars(len(v.size))
     nodes = list(ir.walk(v.load(idx)))
-    return len(nodes), len({e.buffer for e in nodes if isinstance(e, ir.Load)})
+    reads = len({e.buffer for e in nodes if isinstance(e, ir.Load)})
+    costly = any(isinstance(e, ir.Unary) and e.op in ir.TRANSCENDENTAL for e in nodes)
+    return len(nodes), reads, costly
 
 
 class GraphBuilder:
