@@ -72,7 +72,7 @@ def apply(tx: Translator, fn: Any, args: list[Value]) -> Value:
     if fn is operator.getitem:
         return args[0].getitem(tx, args[1])
     if any(isinstance(a, TensorValue) for a in args):
-        if fn in _INPLACE_TO_PLAIN and _numeric(args[0], args[0]):
+        if fn in _INPLACE_TO_PLAIN and args[0].python_type() in (int, float, bool, complex):
             # `n += t` for a number n: numbers have no in-place form, so Python runs n + t
             # (T5's `relative_buckets = 0; relative_buckets += ...`)
             fn = _INPLACE_TO_PLAIN[fn]

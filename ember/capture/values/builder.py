@@ -174,13 +174,14 @@ class ValueBuilder:
     def _wrap_environ(self, source: Source) -> Value:
         """os.environ as a dict of its entries: its Mapping methods (`get`, `in`) catch the
         KeyError of a missing variable, which traced code cannot, and libraries read it in
-        forward (transformers' attention). Guarded on its names and values, so setting or
-        changing a variable recompiles; writes replay on os.environ after the graph."""
+        forward (transformers' attention). One guard compares its raw table (`_data`, a plain
+        dict: a C-level comparison instead of a guard per variable), so setting or changing
+        a variable recompiles; writes replay on os.environ after the graph."""
         from ember.capture.values.containers import DictValue
 
         env = os.environ
-        self.ctx.guards.add(GuardKind.DICT_KEYS, source, (type(env), list(env)))
-        items = {k: self.wrap(v, ItemSource(source, k)) for k, v in env.items()}
+        self.ctx.guards.add(GuardKind.EQUALS_MATCH, AttrSource(source, "_data"), dict(env._data))
+        items = {k: ConstantValue(v) for k, v in env.items()}
         return DictValue(items, source, dict_type=dict)
 
     def _wrap_callable_or_object(self, value: Any, source: Source) -> Value:
