@@ -91,12 +91,7 @@ def gpt2():
     from transformers import GPT2Config, GPT2Model
 
     cfg = GPT2Config(n_layer=2, n_head=4, n_embd=256, vocab_size=2048, n_positions=256)
-    model = GPT2Model(cfg).eval()
-
-    def run(ids):
-        return model(input_ids=ids, use_cache=False).last_hidden_state
-
-    return run, [torch.randint(0, 2048, (4, 128))]
+    return _hidden_states(GPT2Model(cfg).eval())
 
 
 def llama():
@@ -111,7 +106,11 @@ def llama():
         num_key_value_heads=2,
         max_position_embeddings=256,
     )
-    model = LlamaModel(cfg).eval()
+    return _hidden_states(LlamaModel(cfg).eval())
+
+
+def _hidden_states(model: nn.Module) -> tuple[Callable, list]:
+    """A transformers model as a function of token ids (4 x 128 of a 2048 vocabulary)."""
 
     def run(ids):
         return model(input_ids=ids, use_cache=False).last_hidden_state

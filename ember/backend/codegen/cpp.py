@@ -467,7 +467,12 @@ class KernelWriter:
                 self.lines.append(ind + store_c(r.name, r.index, v, r.dtype))
 
     def _inner(
-        self, lp: Loop, ind: str, scalars: dict[str, str], lanes: bool, prefetch: list
+        self,
+        lp: Loop,
+        ind: str,
+        scalars: dict[str, str],
+        lanes: bool,
+        prefetch: list[tuple[str, sympy.Expr]],
     ) -> None:
         """The loops over `lp.inner`: the innermost one in blocks of LANES when reductions
         accumulate per lane or when each block prefetches a cache line of the next rows."""
@@ -652,10 +657,6 @@ def _subexprs(lp: Loop) -> set[ir.Expr]:
     return out
 
 
-def _expensive(e: ir.Expr) -> bool:
-    return any(isinstance(x, ir.Unary) and x.op in ir.TRANSCENDENTAL for x in ir.walk(e))
-
-
 def _shared_across_loops(k: Kernel):
     """Transcendental subexpressions an earlier loop over the same row computes and a later
     loop needs again (softmax's exp is computed once, not twice). The earlier loop keeps them
@@ -678,7 +679,7 @@ def _shared_across_loops(k: Kernel):
         for i in range(j):
             if loops[i].inner != lp.inner:
                 continue
-            shared = {e for e in subs[i] & subs[j] if _expensive(e)}
+            shared = {e for e in subs[i] & subs[j] if ir.any_transcendental(ir.walk(e))}
             shared -= {e for e in shared if e in preset.get(j, {})}
             top = [
                 e for e in shared if not any(e is not f and e in set(ir.walk(f)) for f in shared)

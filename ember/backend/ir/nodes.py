@@ -122,6 +122,12 @@ TRANSCENDENTAL = frozenset(
 )
 """Unary ops costing tens of instructions per element: worth storing rather than recomputing."""
 
+
+def any_transcendental(exprs) -> bool:
+    """Whether any of `exprs` (e.g. `walk(e)`) is a TRANSCENDENTAL unary op."""
+    return any(isinstance(e, Unary) and e.op in TRANSCENDENTAL for e in exprs)
+
+
 COMPARISONS = frozenset(
     {BinaryOp.EQ, BinaryOp.NE, BinaryOp.LT, BinaryOp.LE, BinaryOp.GT, BinaryOp.GE}
 )

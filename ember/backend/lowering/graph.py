@@ -106,8 +106,7 @@ def _broadcast(node: torch.fx.Node, numel: int) -> bool:
     for user in node.users:
         if user.op != "call_function":
             continue
-        fn = LOWERINGS.get(user.target)
-        if user.target is operator.getitem or (fn is not None and fn.__module__ == views.__name__):
+        if _is_view(user):
             if _broadcast(user, numel):
                 return True
             continue
@@ -134,16 +133,20 @@ def _uses(node: torch.fx.Node):
             yield "output"
         elif user.op != "call_function":
             continue
-        elif user.target is operator.getitem:
+        elif _is_view(user):
             yield from _uses(user)
-        elif (fn := LOWERINGS.get(user.target)) is None:
+        elif user.target not in LOWERINGS:
             yield "memory"
         elif user.target in fallback.LIBRARY_OPS and _gemm_operand(node, user):
             yield "memory"
-        elif fn.__module__ == views.__name__:
-            yield from _uses(user)
         else:
             yield "inline"
+
+
+def _is_view(user: torch.fx.Node) -> bool:
+    """A getitem or a view op (lowered as index arithmetic): readers are looked for beyond it."""
+    fn = LOWERINGS.get(user.target)
+    return user.target is operator.getitem or (fn is not None and fn.__module__ == views.__name__)
 
 
 def _gemm_operand(node: torch.fx.Node, user: torch.fx.Node) -> bool:

@@ -51,8 +51,7 @@ def expr_size(v: LazyValue) -> tuple[int, int, bool]:
     idx = ir.loop_vars(len(v.size))
     nodes = list(ir.walk(v.load(idx)))
     reads = len({e.buffer for e in nodes if isinstance(e, ir.Load)})
-    costly = any(isinstance(e, ir.Unary) and e.op in ir.TRANSCENDENTAL for e in nodes)
-    return len(nodes), reads, costly
+    return len(nodes), reads, ir.any_transcendental(nodes)
 
 
 class GraphBuilder:
