@@ -87,14 +87,10 @@ class SideEffects:
 
         Every new value is built first and only then stored: a value may read state that
         another store replaces (`a.x, a.y = a.y, a.x`, a dict rebuilt from its own items)."""
-        from ember.capture.values.containers import DictValue
-
         cg = em.cg
         stores: list[tuple[str, Any]] = []
         for container in self._containers.values():
             logs.log("side_effects", "replay contents of %s", container.source.name())
-            if isinstance(container, DictValue):
-                cg.push_null()  # below the dict's `update`, called once the contents are built
             em.rebuild_fresh(container)
             stores.append(("container", container))
         for obj, attrs in self._attrs.values():
@@ -135,8 +131,8 @@ class SideEffects:
             obj.source.emit(cg)
             cg.store_attr(name)
             return
-        cg.push_null()  # stack: value, NULL, object.__setattr__, obj, name, value
-        cg.load_const(object.__setattr__)
+        # stack: value, object.__setattr__ and its NULL, obj, name, value
+        cg.load_const(object.__setattr__, push_null=True)
         obj.source.emit(cg)
         cg.load_const(name)
         cg.copy(5)
@@ -150,15 +146,15 @@ class SideEffects:
         from ember.capture.values.containers import DictValue
 
         source = container.source
-        if isinstance(container, DictValue):  # stack: NULL, contents
-            cg.push_null()
+        if isinstance(container, DictValue):  # stack: contents
             source.emit(cg)
-            cg.load_attr("clear")
+            cg.load_method("clear")
             cg.call(0)
             cg.pop_top()
             source.emit(cg)
-            cg.load_attr("update")
+            cg.load_method("update")  # contents, update's callable pair
             cg.swap(2)
+            cg.swap(3)  # update's callable pair, contents
             cg.call(1)
             cg.pop_top()
             return

@@ -122,15 +122,13 @@ class TupleValue(SequenceValue):
         if self.source is not None:
             return super().reconstruct(em)
         if self.struct_type is not None and hasattr(self.struct_type, "_make"):
-            em.cg.push_null()
-            em.cg.load_const(self.struct_type)
+            em.cg.load_const(self.struct_type, push_null=True)
             for item in self.items:
                 em.reconstruct(item)
             em.cg.call(len(self.items))
             return
         if self.struct_type is not None:  # torch.return_types: built from one tuple
-            em.cg.push_null()
-            em.cg.load_const(self.struct_type)
+            em.cg.load_const(self.struct_type, push_null=True)
         for item in self.items:
             em.reconstruct(item)
         em.cg.build("TUPLE", len(self.items))
@@ -407,8 +405,7 @@ class DictValue(Value):
         if self.source is not None:
             return super().reconstruct(em)
         if self.dict_type is not dict:
-            em.cg.push_null()
-            em.cg.load_const(self.dict_type)
+            em.cg.load_const(self.dict_type, push_null=True)
         for k, v in self.items.items():
             em.reconstruct(key_value(k))
             em.reconstruct(v)

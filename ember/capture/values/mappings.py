@@ -183,8 +183,7 @@ class DictObjectValue(UserObjectValue):
     def reconstruct(self, em: Emitter) -> None:
         if not self.is_new:
             return Value.reconstruct(self, em)
-        em.cg.push_null()
-        em.cg.load_const(rebuild_dict_object)
+        em.cg.load_const(rebuild_dict_object, push_null=True)
         em.cg.load_const(self.cls)
         for key, value in self._items().items.items():
             em.reconstruct(key_value(key))
@@ -233,8 +232,7 @@ class StorageItemSource(Source):
         return scope.bind(self, f"{get}({self.base.expr(scope)}, {self.key!r})")
 
     def emit(self, cg: Any) -> None:
-        cg.push_null()
-        cg.load_const(self.storage.__getitem__)
+        cg.load_const(self.storage.__getitem__, push_null=True)
         self.base.emit(cg)
         cg.load_const(self.key)
         cg.call(2)
