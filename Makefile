@@ -1,5 +1,5 @@
 # Two commands: `make demo` and `make test`. Each creates the virtual environment if missing.
-# PY picks the interpreter (python3.11 by default; `make test PY=python3.12` for 3.12).
+# PY picks the interpreter (python3.11 by default; `make test PY=python3.12` or PY=python3.13).
 PY ?= python3.11
 VENV ?= $(if $(filter python3.11,$(PY)),.venv,.venv-$(PY))
 # pyenv shims hide versions that are not selected: fall back to pyenv's own folders.

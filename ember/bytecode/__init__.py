@@ -11,7 +11,7 @@ from ember.bytecode.analysis import (
     enclosing_blocks,
     exception_table,
     live_locals,
-    max_stack_depth,
+    stack_depth,
 )
 from ember.bytecode.assemble import CodeBuilder
 from ember.bytecode.continuation import CannotContinue, Continuation
@@ -33,8 +33,8 @@ __all__ = [
     "enclosing_blocks",
     "exception_table",
     "live_locals",
-    "max_stack_depth",
     "operands",
+    "stack_depth",
     "stack_effect",
     "with_null",
 ]

@@ -10,8 +10,10 @@ from __future__ import annotations
 import dataclasses
 import types
 import weakref
+from inspect import CO_ASYNC_GENERATOR, CO_COROUTINE, CO_GENERATOR
 
 from ember.bytecode.decode import Inst, decode
+from ember.bytecode.dialect import THIS
 from ember.bytecode.ops import Op
 from ember.bytecode.stack import stack_effect
 
@@ -194,31 +196,40 @@ def _liveness(code: types.CodeType) -> dict[int, frozenset[str]]:
     return {inst.offset: frozenset(live[n]) for n, inst in enumerate(insts)}
 
 
-def max_stack_depth(code: types.CodeType) -> int:
-    """The deepest the value stack gets, as the compiler computes `co_stacksize`: each
-    instruction's effect along both of its edges; a handler starts at its entry's depth
-    plus the exception (and the offset, for `lasti`)."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class StackDepth:
+    highest: int
+    """`co_stacksize` as the compiler computes it from the reachable code."""
+    unreachable: int
+    """Instructions no path reaches (dead code CPython kept in the table; the compiler
+    sized the frame before it knew they are dead, so `co_stacksize` may be larger)."""
+
+
+def stack_depth(code: types.CodeType) -> StackDepth:
+    """The deepest the value stack gets: each instruction's effect along both of its edges;
+    a handler starts at its entry's depth plus the exception (and the offset, for
+    `lasti`); a generator at the dialect's start depth."""
     insts = decode(code)
     index = {i.offset: i.index for i in insts}
     depths: list[int | None] = [None] * len(insts)
-    pending = [(0, 0)]
+    generator = code.co_flags & (CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR)
+    pending = [(0, THIS.generator_start_depth if generator else 0)]
     for e in exception_table(code):
         pending.append((index[e.target], e.depth + 1 + e.lasti))
-    highest = 0
+    highest = THIS.min_stack_size
     while pending:
         at, depth = pending.pop()
         highest = max(highest, depth)
         while at < len(insts) and depths[at] is None:
             depths[at] = depth
             inst = insts[at]
-            jump = _jump_index(inst, index)
-            if jump is not None:
+            if inst.target is not None:
                 taken = depth + stack_effect(inst, jump=True)
                 highest = max(highest, taken)
-                pending.append((jump, taken))
+                pending.append((index[inst.argval], taken))  # not FOR_ITER's skip
             depth += stack_effect(inst)
             highest = max(highest, depth)
             if inst.opname in _ENDS_FLOW:
                 break
             at += 1
-    return highest
+    return StackDepth(highest, depths.count(None))

@@ -15,13 +15,35 @@ and torch.
 from __future__ import annotations
 
 import dis
-import opcode
 import types
 import weakref
 from typing import Any, NamedTuple
 
 from ember.bytecode.dialect import THIS
-from ember.bytecode.ops import UNSUPPORTED, Op, op_for
+from ember.bytecode.ops import UNSUPPORTED, Op
+from ember.bytecode.tables import (
+    CACHES,
+    COMPARE,
+    CONST,
+    CONVERT,
+    CONVERTERS,
+    EXTENDED_ARG,
+    FORMAT,
+    JABS,
+    JBACK,
+    JUMP_EXTRA,
+    KINDS,
+    LOAD_GLOBAL,
+    LOCAL,
+    LOCAL_PAIR,
+    NAME,
+    NAME_SHR1,
+    NAME_SHR2,
+    NAMES,
+    OPS,
+    PLAIN,
+    SKIPS,
+)
 
 
 class Inst(NamedTuple):
@@ -51,71 +73,6 @@ class Inst(NamedTuple):
         return UNSUPPORTED.get(self.opname, "")
 
 
-# How each opcode's argument becomes `argval` (what `dis` reports as `Instruction.argval`).
-_PLAIN, _CONST, _NAME, _NAME_SHR1, _NAME_SHR2, _JABS, _JFWD, _JBACK = range(8)
-_LOCAL, _LOCAL_PAIR, _COMPARE, _FORMAT, _CONVERT = range(8, 13)
-_PAIRS = ("LOAD_FAST_LOAD_FAST", "STORE_FAST_STORE_FAST", "STORE_FAST_LOAD_FAST")
-
-
-def _cache_entries() -> list[int]:
-    """Inline cache entries after each opcode (3.13 keys `opcode`'s table by name)."""
-    table = opcode._inline_cache_entries  # type: ignore[attr-defined]
-    if isinstance(table, dict):
-        return [table.get(dis.opname[code], 0) for code in range(256)]
-    return [table[code] for code in range(256)]
-
-
-def _kind(code: int, name: str, has_arg: set[int]) -> int | None:
-    if code not in has_arg:
-        return None
-    if code in dis.hasconst or name == "KW_NAMES":  # 3.11's dis leaves KW_NAMES raw
-        return _CONST
-    if code in dis.hasname:
-        if name == "LOAD_GLOBAL" or (THIS.attr_method_bit and name == "LOAD_ATTR"):
-            return _NAME_SHR1
-        return _NAME_SHR2 if name == "LOAD_SUPER_ATTR" else _NAME
-    if code in dis.hasjabs:
-        return _JABS
-    if code in dis.hasjrel:
-        return _JBACK if "JUMP_BACKWARD" in name else _JFWD
-    if name in _PAIRS:
-        return _LOCAL_PAIR
-    if code in dis.haslocal or code in dis.hasfree:
-        return _LOCAL
-    if code in dis.hascompare:
-        return _COMPARE
-    if name == "FORMAT_VALUE":
-        return _FORMAT
-    return _CONVERT if name == "CONVERT_VALUE" else _PLAIN
-
-
-def _tables() -> tuple[list[int | None], list[str], list[Op | None], list[int], list[int]]:
-    """Per opcode (0-255): argument kind (None: takes no argument), name, Op, inline cache
-    entries after it, and how many code units a relative jump adds beyond its argument."""
-    has_arg = set(getattr(dis, "hasarg", range(dis.HAVE_ARGUMENT, 256)))
-    names = [dis.opname[code] for code in range(256)]
-    ops: list[Op | None] = []
-    for name in names:
-        try:
-            ops.append(op_for(name))
-        except KeyError:  # '<42>': unused opcode number, never in a code object
-            ops.append(None)
-    kinds = [_kind(code, names[code], has_arg) for code in range(256)]
-    caches = _cache_entries()
-    jump_extra = [caches[code] if THIS.jumps_skip_caches else 0 for code in range(256)]
-    return kinds, names, ops, caches, jump_extra
-
-
-_KINDS, _NAMES, _OPS, _CACHES, _JUMP_EXTRA = _tables()
-_EXTENDED_ARG = dis.opmap["EXTENDED_ARG"]
-_INT_OVERFLOW = 2**31
-_CONVERTERS = [None, str, repr, ascii]
-_LOAD_GLOBAL = dis.opmap["LOAD_GLOBAL"]
-_FOR_ITER = dis.opmap["FOR_ITER"]
-_SEND = dis.opmap["SEND"]
-_SKIPS = {_FOR_ITER: THIS.for_iter_skips, _SEND: THIS.send_skips}
-
-
 _decoded: weakref.WeakKeyDictionary[types.CodeType, tuple[Inst, ...]] = weakref.WeakKeyDictionary()
 """Decoded code objects. A capture inlines the same functions many times (every Linear's
 forward, a config's `__getattribute__` on each attribute read): decoding was ~40% of a GPT-2
@@ -134,7 +91,7 @@ def unpack(raw: bytes) -> list[tuple[int, int, int | None]]:
     """(offset, opcode, argument) per instruction, inline caches skipped, EXTENDED_ARG kept
     as its own instruction whose argument is folded into the next one (as `dis` does)."""
     out = []
-    kinds, caches = _KINDS, _CACHES
+    kinds, caches = KINDS, CACHES
     extended = 0
     i, end = 0, len(raw)
     while i < end:
@@ -144,9 +101,9 @@ def unpack(raw: bytes) -> list[tuple[int, int, int | None]]:
             extended = 0
         else:
             arg = raw[i + 1] | extended
-            extended = arg << 8 if code == _EXTENDED_ARG else 0
-            if extended >= _INT_OVERFLOW:
-                extended -= 2 * _INT_OVERFLOW
+            extended = arg << 8 if code == EXTENDED_ARG else 0
+            if extended >= 2**31:
+                extended -= 2**32
         out.append((i, code, arg))
         i += 2 + 2 * caches[code]
     return out
@@ -175,8 +132,9 @@ def _decode(code: types.CodeType) -> list[Inst]:
     lines = _lines(code, list(index_of))
     consts, names = code.co_consts, code.co_names
     varname = code._varname_from_oparg  # type: ignore[attr-defined]
-    kinds, opnames, ops, jump_extra = _KINDS, _NAMES, _OPS, _JUMP_EXTRA
+    kinds, opnames, ops, jump_extra = KINDS, NAMES, OPS, JUMP_EXTRA
     compare_shift, cast_bit = THIS.compare_shift, THIS.compare_cast_bit
+    new = tuple.__new__  # a NamedTuple's own __new__ takes keywords: twice as slow
     out = []
     for n, (offset, opc, arg) in enumerate(raw):
         kind = kinds[opc]
@@ -184,40 +142,43 @@ def _decode(code: types.CodeType) -> list[Inst]:
         argval: Any = arg
         target = None
         push_null = to_bool = False
-        if kind is None or kind == _PLAIN:
+        if kind is None or kind == PLAIN:
             pass
-        elif kind == _CONST:
+        elif kind == CONST:
             argval = consts[arg]
-        elif kind == _NAME:
+        elif kind == NAME:
             argval = names[arg]
-        elif kind == _NAME_SHR1:
+        elif kind == NAME_SHR1:
             argval = names[arg >> 1]
-            if opc == _LOAD_GLOBAL:
+            if opc == LOAD_GLOBAL:
                 push_null = bool(arg & 1)
             elif arg & 1:  # 3.12's LOAD_ATTR with the method bit
                 op = Op.LOAD_METHOD
-        elif kind == _NAME_SHR2:
+        elif kind == NAME_SHR2:
             argval = names[arg >> 2]
             push_null = bool(arg & 1)
-        elif kind == _LOCAL:
+        elif kind == LOCAL:
             argval = varname(arg)
-        elif kind == _LOCAL_PAIR:
+        elif kind == LOCAL_PAIR:
             argval = (varname(arg >> 4), varname(arg & 15))
-        elif kind == _COMPARE:
+        elif kind == COMPARE:
             argval = dis.cmp_op[arg >> compare_shift]
             to_bool = bool(arg & cast_bit)
-        elif kind == _FORMAT:
-            argval = (_CONVERTERS[arg & 3], bool(arg & 4))
-        elif kind == _CONVERT:
-            argval = _CONVERTERS[arg]
+        elif kind == FORMAT:
+            argval = (CONVERTERS[arg & 3], bool(arg & 4))
+        elif kind == CONVERT:
+            argval = CONVERTERS[arg]
         else:
-            if kind == _JABS:
+            if kind == JABS:
                 argval = arg * 2
             else:
-                step = -arg if kind == _JBACK else arg
+                step = -arg if kind == JBACK else arg
                 argval = offset + 2 + step * 2 + 2 * jump_extra[opc]
-            target = index_of[argval] + _SKIPS.get(opc, 0)
+            target = index_of[argval] + SKIPS.get(opc, 0)
         out.append(
-            Inst(op, opnames[opc], arg, argval, offset, n, lines[n], target, push_null, to_bool)
+            new(
+                Inst,
+                (op, opnames[opc], arg, argval, offset, n, lines[n], target, push_null, to_bool),
+            )
         )
     return out

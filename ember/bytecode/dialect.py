@@ -16,7 +16,6 @@ import sys
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Dialect:
-    version: tuple[int, int]
     precall: bool
     """3.11: CALL is preceded by PRECALL with the same argument."""
     kw_names_instruction: bool
@@ -43,11 +42,19 @@ class Dialect:
     send_skips: int
     """Instructions after SEND's jump target that a finished delegation skips once SEND has
     popped the receiver itself, as 3.11's SEND does (3.12+: the END_SEND that pops it)."""
+    merged_locations: bool
+    """3.12+: the location table has one entry for neighbouring instructions at the same
+    place (3.11: one per instruction)."""
+    generator_start_depth: int
+    """The stack depth a generator's or coroutine's code starts at when the compiler sizes
+    its frame (3.11/3.12: 1, the value RETURN_GENERATOR's POP_TOP removes; 3.13 counts
+    RETURN_GENERATOR's push instead)."""
+    min_stack_size: int
+    """3.13 gives every frame a stack of at least one slot (`def f(): pass` too)."""
 
 
 DIALECTS = {
     (3, 11): Dialect(
-        version=(3, 11),
         precall=True,
         kw_names_instruction=True,
         null_above_callable=False,
@@ -59,9 +66,11 @@ DIALECTS = {
         exact_bool_tests=False,
         for_iter_skips=0,
         send_skips=0,
+        merged_locations=False,
+        generator_start_depth=1,
+        min_stack_size=0,
     ),
     (3, 12): Dialect(
-        version=(3, 12),
         precall=False,
         kw_names_instruction=True,
         null_above_callable=False,
@@ -73,9 +82,11 @@ DIALECTS = {
         exact_bool_tests=False,
         for_iter_skips=1,
         send_skips=1,
+        merged_locations=True,
+        generator_start_depth=1,
+        min_stack_size=0,
     ),
     (3, 13): Dialect(
-        version=(3, 13),
         precall=False,
         kw_names_instruction=False,
         null_above_callable=True,
@@ -87,6 +98,9 @@ DIALECTS = {
         exact_bool_tests=True,
         for_iter_skips=2,
         send_skips=1,
+        merged_locations=True,
+        generator_start_depth=0,
+        min_stack_size=1,
     ),
 }
 

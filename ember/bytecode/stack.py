@@ -56,15 +56,14 @@ def operands(inst: Inst) -> tuple[int, int]:
     return _OPERANDS[inst.op](inst.arg or 0)
 
 
-_EFFECTS: dict[tuple[int, int | None, bool], int] = {}
+_EFFECTS: dict[tuple[str, int | None, bool], int] = {}
 
 
 def stack_effect(inst: Inst, jump: bool = False) -> int:
     """The net change of stack depth, along the jump or not (the interpreter's own table,
     which its compiler sizes frames with)."""
-    opc = dis.opmap[inst.opname]
-    key = (opc, inst.arg, jump)
+    key = (inst.opname, inst.arg, jump)
     effect = _EFFECTS.get(key)
     if effect is None:
-        effect = _EFFECTS[key] = dis.stack_effect(opc, inst.arg, jump=jump)
+        effect = _EFFECTS[key] = dis.stack_effect(dis.opmap[inst.opname], inst.arg, jump=jump)
     return effect
