@@ -3,9 +3,10 @@
 This is the only module of ember that looks at `sys.version_info`. The decoder, the stack
 effects, the analyses and `CodeBuilder` read the row of the running Python (`THIS`); the rest
 of ember never sees a version, only version-neutral instructions (`Op`) and builder methods.
-Adding a version is adding a row here, its new opcodes to `ops.py` (an `Op` or a reason in
-UNSUPPORTED; tests/bytecode/test_ops.py lists what is missing) and, where an instruction's
-meaning changed, the decoder's or builder's use of the new field.
+Adding a version is adding a row here (what changed since the last one), its new opcodes to
+`ops.py` (an `Op` or a reason in UNSUPPORTED; tests/bytecode/test_ops.py lists what is
+missing) and, where an instruction's meaning changed, the decoder's or builder's use of the
+new field.
 """
 
 from __future__ import annotations
@@ -53,56 +54,46 @@ class Dialect:
     """3.13 gives every frame a stack of at least one slot (`def f(): pass` too)."""
 
 
-DIALECTS = {
-    (3, 11): Dialect(
-        precall=True,
-        kw_names_instruction=True,
-        null_above_callable=False,
-        attr_method_bit=False,
-        compare_shift=0,
-        compare_cast_bit=0,
-        jumps_skip_caches=False,
-        conditional_jump_prefix="POP_JUMP_FORWARD_IF_",
-        exact_bool_tests=False,
-        for_iter_skips=0,
-        send_skips=0,
-        merged_locations=False,
-        generator_start_depth=1,
-        min_stack_size=0,
-    ),
-    (3, 12): Dialect(
-        precall=False,
-        kw_names_instruction=True,
-        null_above_callable=False,
-        attr_method_bit=True,
-        compare_shift=4,
-        compare_cast_bit=0,
-        jumps_skip_caches=True,
-        conditional_jump_prefix="POP_JUMP_IF_",
-        exact_bool_tests=False,
-        for_iter_skips=1,
-        send_skips=1,
-        merged_locations=True,
-        generator_start_depth=1,
-        min_stack_size=0,
-    ),
-    (3, 13): Dialect(
-        precall=False,
-        kw_names_instruction=False,
-        null_above_callable=True,
-        attr_method_bit=True,
-        compare_shift=5,
-        compare_cast_bit=16,
-        jumps_skip_caches=True,
-        conditional_jump_prefix="POP_JUMP_IF_",
-        exact_bool_tests=True,
-        for_iter_skips=2,
-        send_skips=1,
-        merged_locations=True,
-        generator_start_depth=0,
-        min_stack_size=1,
-    ),
-}
+_PY311 = Dialect(
+    precall=True,
+    kw_names_instruction=True,
+    null_above_callable=False,
+    attr_method_bit=False,
+    compare_shift=0,
+    compare_cast_bit=0,
+    jumps_skip_caches=False,
+    conditional_jump_prefix="POP_JUMP_FORWARD_IF_",
+    exact_bool_tests=False,
+    for_iter_skips=0,
+    send_skips=0,
+    merged_locations=False,
+    generator_start_depth=1,
+    min_stack_size=0,
+)
+_PY312 = dataclasses.replace(
+    _PY311,
+    precall=False,
+    attr_method_bit=True,
+    compare_shift=4,
+    jumps_skip_caches=True,
+    conditional_jump_prefix="POP_JUMP_IF_",
+    for_iter_skips=1,
+    send_skips=1,
+    merged_locations=True,
+)
+_PY313 = dataclasses.replace(
+    _PY312,
+    kw_names_instruction=False,
+    null_above_callable=True,
+    compare_shift=5,
+    compare_cast_bit=16,
+    exact_bool_tests=True,
+    for_iter_skips=2,
+    generator_start_depth=0,
+    min_stack_size=1,
+)
+DIALECTS = {(3, 11): _PY311, (3, 12): _PY312, (3, 13): _PY313}
+"""Each version's row, written as what changed since the one before."""
 
 SUPPORTED = f"{min(DIALECTS)[0]}.{min(DIALECTS)[1]} to {max(DIALECTS)[0]}.{max(DIALECTS)[1]}"
 

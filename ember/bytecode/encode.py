@@ -17,31 +17,13 @@ import dis
 import types
 from typing import Any
 
+from ember.bytecode import tables
 from ember.bytecode.decode import Inst
 from ember.bytecode.dialect import THIS
 from ember.bytecode.ops import Op
-from ember.bytecode.tables import (
-    CACHES,
-    COMPARE,
-    CONST,
-    CONVERT,
-    CONVERTERS,
-    EXTENDED_ARG,
-    FORMAT,
-    JABS,
-    JBACK,
-    JUMP_EXTRA,
-    KINDS,
-    LOCAL,
-    LOCAL_PAIR,
-    NAME,
-    NAME_SHR1,
-    NAME_SHR2,
-    SKIPS,
-)
 
 _OPMAP = dis.opmap
-_ZEROS = [bytes(2 * n) for n in range(max(CACHES) + 1)]
+_ZEROS = [bytes(2 * n) for n in range(max(tables.CACHES) + 1)]
 _COMPARE_LOW_BITS = ((1 << THIS.compare_shift) - 1) & ~THIS.compare_cast_bit
 """Bits of COMPARE_OP's argument below the comparison that only the specializer reads
 (3.12+: which orderings make it true); copied, not interpreted."""
@@ -78,32 +60,32 @@ def _slot(fast: dict[str, int], name: str, arg: int) -> int:
 
 def _oparg(inst: Inst, opc: int, consts: dict, names: dict, fast: dict) -> int:
     """The argument of a non-jump instruction, from what the decoder made of it."""
-    kind = KINDS[opc]
+    kind = tables.KINDS[opc]
     if kind is None:
         return 0
-    if kind == CONST:
+    if kind == tables.CONST:
         return consts[id(inst.argval)]
-    if kind == NAME:
+    if kind == tables.NAME:
         return names[inst.argval]
-    if kind == NAME_SHR1:
+    if kind == tables.NAME_SHR1:
         low = inst.push_null if opc == dis.opmap["LOAD_GLOBAL"] else inst.op is Op.LOAD_METHOD
         return names[inst.argval] << 1 | low
-    if kind == NAME_SHR2:
+    if kind == tables.NAME_SHR2:
         return names[inst.argval] << 2 | (inst.arg & _SUPER_TWO_ARGS) | inst.push_null
-    if kind == LOCAL:
+    if kind == tables.LOCAL:
         return _slot(fast, inst.argval, inst.arg)
-    if kind == LOCAL_PAIR:
+    if kind == tables.LOCAL_PAIR:
         first, second = inst.argval
         return _slot(fast, first, inst.arg >> 4) << 4 | _slot(fast, second, inst.arg & 15)
-    if kind == COMPARE:
+    if kind == tables.COMPARE:
         cast = THIS.compare_cast_bit if inst.to_bool else 0
         index = dis.cmp_op.index(inst.argval)
         return index << THIS.compare_shift | cast | (inst.arg & _COMPARE_LOW_BITS)
-    if kind == FORMAT:
+    if kind == tables.FORMAT:
         converter, has_spec = inst.argval
-        return CONVERTERS.index(converter) | (4 if has_spec else 0)
-    if kind == CONVERT:
-        return CONVERTERS.index(inst.argval)
+        return tables.CONVERTERS.index(converter) | (4 if has_spec else 0)
+    if kind == tables.CONVERT:
+        return tables.CONVERTERS.index(inst.argval)
     return inst.arg  # PLAIN: a count, a flag set, an operator number
 
 
@@ -128,7 +110,7 @@ def encode_instructions(insts: list[Inst], code: types.CodeType) -> bytes:
             opargs.append(_oparg(inst, opc, consts, names, fast))
         else:  # placed below; the decoded argument is only the first guess of its size
             opargs.append(inst.arg)
-            jumps.append((len(opcodes), inst.target - SKIPS.get(opc, 0)))
+            jumps.append((len(opcodes), inst.target - tables.SKIPS.get(opc, 0)))
         opcodes.append(opc)
     jumps = [(n, position[target]) for n, target in jumps]
     while True:  # lay out, place the jumps, until no argument changes size
@@ -136,17 +118,17 @@ def encode_instructions(insts: list[Inst], code: types.CodeType) -> bytes:
         offset = 0
         for opc, oparg in zip(opcodes, opargs):
             starts.append(offset)
-            offset += 2 * (1 + _prefixes(oparg) + CACHES[opc])
+            offset += 2 * (1 + _prefixes(oparg) + tables.CACHES[opc])
         changed = False
         for n, target in jumps:
             opc = opcodes[n]
-            after = starts[n] + 2 * (1 + _prefixes(opargs[n]) + JUMP_EXTRA[opc])
-            kind = KINDS[opc]
+            after = starts[n] + 2 * (1 + _prefixes(opargs[n]) + tables.JUMP_EXTRA[opc])
+            kind = tables.KINDS[opc]
             new = (
                 starts[target] // 2
-                if kind == JABS
+                if kind == tables.JABS
                 else (after - starts[target]) // 2
-                if kind == JBACK
+                if kind == tables.JBACK
                 else (starts[target] - after) // 2
             )
             changed |= _prefixes(new) != _prefixes(opargs[n])
@@ -156,9 +138,9 @@ def encode_instructions(insts: list[Inst], code: types.CodeType) -> bytes:
     out = bytearray()
     for opc, oparg in zip(opcodes, opargs):
         for shift in range(8 * _prefixes(oparg), 0, -8):
-            out += bytes((EXTENDED_ARG, (oparg >> shift) & 255))
+            out += bytes((tables.EXTENDED_ARG, (oparg >> shift) & 255))
         out += bytes((opc, oparg & 255))
-        out += _ZEROS[CACHES[opc]]
+        out += _ZEROS[tables.CACHES[opc]]
     return bytes(out)
 
 
@@ -236,6 +218,6 @@ def instruction_locations(code: types.CodeType, insts: list[Inst]) -> list[tuple
             prefixes += 1
             continue
         start = inst.offset // 2 - prefixes
-        out.append((1 + prefixes + CACHES[dis.opmap[inst.opname]], positions[start]))
+        out.append((1 + prefixes + tables.CACHES[dis.opmap[inst.opname]], positions[start]))
         prefixes = 0
     return out
