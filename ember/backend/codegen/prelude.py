@@ -78,10 +78,25 @@ static inline float ember_expf(float x) {
 
 static inline float ember_expf_shifted(float x) {
   /* exp(x) for x <= 0 or NaN (softmax's x - rowmax, tanh's and sigmoid's exp(-|x|)): no
-     overflow path; subnormal results kept, as eager's AVX2 kernels keep them */
+     overflow path. Subnormal results are kept, as eager's AVX2 kernels keep them, for the
+     price of one multiply: e^r 2^(k+32) is normal for every k >= -150, and the constant
+     2^-32 then rounds it once into the subnormal range */
   const float lo = -103.972084045410f;
   float xc = x < lo ? lo : x; /* NaN stays NaN */
-  float res = ember_exp_in_range(xc);
+  int32_t k;
+  float p = ember_exp_reduced(xc, &k);
+  float res = p * ember_bits_f((uint32_t)(k + 159) << 23) * 2.3283064365386963e-10f;
+  return x < lo ? 0.0f : res;
+}
+
+static inline float ember_expf_flush(float x) {
+  /* exp(x) for x <= 0 or NaN where results under float's normal range do not matter (tanh's
+     exp(-2|x|): tanh is +-1 there): they are 0, one multiply fewer */
+  const float lo = -87.3365447505531f;
+  float xc = x < lo ? lo : x; /* NaN stays NaN */
+  int32_t k;
+  float p = ember_exp_reduced(xc, &k);
+  float res = p * ember_bits_f((uint32_t)(k + 127) << 23);
   return x < lo ? 0.0f : res;
 }
 
@@ -126,9 +141,8 @@ static inline float ember_tanhf(float x) {
   s = __builtin_fmaf(s, z, -5.37397155531e-2f);
   s = __builtin_fmaf(s, z, 1.33314422036e-1f);
   s = __builtin_fmaf(s, z, -3.33332819422e-1f);
-  float small = __builtin_fmaf(s * z, x, x);
-  small = x == 0.0f ? x : small; /* the fma would turn -0 into +0 */
-  float e = ember_expf_shifted(-2.0f * ax);
+  float small = x * __builtin_fmaf(s, z, 1.0f); /* a product keeps -0's sign */
+  float e = ember_expf_flush(-2.0f * ax);
   float big = (1.0f - e) / (1.0f + e);
   big = x < 0.0f ? -big : big;
   return ax < 0.625f ? small : big;
