@@ -1,13 +1,15 @@
 # Two commands: `make demo` and `make test`. Each creates the virtual environment if missing.
-# PY picks the interpreter (python3.11 by default; `make test PY=python3.12` or PY=python3.13).
+# PY picks the interpreter (python3.11 by default; `make test PY=python3.12` or PY=python3.13),
+# TORCH_VERSION the torch release (2.13.0 by default; `make test TORCH_VERSION=2.14.1`).
 PY ?= python3.11
-VENV ?= $(if $(filter python3.11,$(PY)),.venv,.venv-$(PY))
+TORCH_VERSION ?= 2.13.0
+VENV ?= .venv$(if $(filter-out python3.11,$(PY)),-$(PY))$(if $(filter-out 2.13.0,$(TORCH_VERSION)),-torch$(TORCH_VERSION))
 # pyenv shims hide versions that are not selected: fall back to pyenv's own folders.
 PYBIN := $(or $(shell $(PY) -c 'import sys; print(sys.executable)' 2>/dev/null),\
 	$(lastword $(wildcard $(HOME)/.pyenv/versions/*/bin/$(PY))),$(PY))
 PYTHON := $(VENV)/bin/python
 # torch is pinned: an unpinned torch would pull a multi-GB CUDA build.
-TORCH := torch==2.13.0
+TORCH := torch==$(TORCH_VERSION)
 
 .PHONY: demo test lint install
 

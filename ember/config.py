@@ -28,13 +28,25 @@ class Config:
     """How deep user functions are inlined before the capture gives up on a call."""
     verbose_errors: bool = False
     """Attach ember's internal traceback to Unsupported errors (EMBER_VERBOSE=1)."""
+    cpu_isa: str = "native"
+    """The CPU target of generated kernels (EMBER_CPU_ISA): native, avx512, avx2, sse2, or any
+    g++ -march value; a lower target than the machine's tests that code path here."""
+    strict: bool = False
+    """Raise instead of running a graph as aten ops when the backend fails (EMBER_STRICT=1;
+    the test suite sets it, so a silent fallback cannot pass a test)."""
+
+
+def _flag(value: str) -> bool:
+    return value.strip().lower() not in ("", "0", "false", "no")
 
 
 _ENV = {
     "recompile_limit": ("EMBER_RECOMPILE_LIMIT", int),
     "cache_dir": ("EMBER_CACHE_DIR", str),
     "inline_depth": ("EMBER_INLINE_DEPTH", int),
-    "verbose_errors": ("EMBER_VERBOSE", lambda v: v not in ("", "0", "false")),
+    "verbose_errors": ("EMBER_VERBOSE", _flag),
+    "cpu_isa": ("EMBER_CPU_ISA", str),
+    "strict": ("EMBER_STRICT", _flag),
 }
 
 

@@ -3,8 +3,10 @@
 `compile_aten` compiles one functional aten graph: graph cache lookup, else lowering to the
 loop IR, verification, dead-node elimination, fusion scheduling, memory planning, C++ and
 wrapper generation; then the kernel cache/g++ and the generated wrapper. Should any stage
-fail on a graph, the graph runs as aten ops (correct, never refused) and the failure is
-logged on the "kernels" channel and counted in `stats`.
+fail on a graph, the graph runs as aten ops (correct, never refused), the failure is logged
+on the "kernels" channel with the stage's name, counted in `stats` and kept in `fallbacks`.
+Under `EMBER_STRICT=1` (the test suite's setting) it raises BackendCompilerFailed instead,
+so nothing that was meant to compile can pass a test by running as aten ops.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves
 
-from ember import logs
+from ember import config, logs
 from ember.backend.codegen import build, cache, wrapper
 from ember.backend.codegen.cache import Artifact
 from ember.backend.codegen.cpp import kernel_source
@@ -27,9 +29,29 @@ from ember.backend.lowering.graph import lower
 from ember.backend.scheduler import memory
 from ember.backend.scheduler.dependencies import eliminate_dead
 from ember.backend.scheduler.fusion import Schedule, schedule
+from ember.errors import BackendCompilerFailed
 
 stats: Counter[str] = Counter()
+fallbacks: list[str] = []  # why each graph that ran as aten ops did (stage: error), in order
 _recorders: list[list[Artifact]] = []
+
+
+class StageFailed(Exception):
+    """A pipeline stage raised; carries the stage's name for the message."""
+
+    def __init__(self, stage: str, cause: BaseException) -> None:
+        self.stage, self.cause = stage, cause
+        super().__init__(f"{stage}: {type(cause).__name__}: {cause}")
+
+
+@contextlib.contextmanager
+def _stage(name: str) -> Iterator[None]:
+    try:
+        yield
+    except StageFailed:
+        raise
+    except Exception as e:
+        raise StageFailed(name, e) from e
 
 
 @contextlib.contextmanager
@@ -59,18 +81,21 @@ def schedule_str(s: Schedule) -> str:
 
 def generate(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Artifact:
     """Aten graph -> C++ module + wrapper source (no compiler run)."""
-    g = lower(gm, example_inputs)
-    g = verifier.verify(g)
-    g = eliminate_dead(g)
-    s = schedule(g)
-    plan = memory.plan(s)
-    sources, params = [PRELUDE], {}
-    buffers = g.buffer_map()
-    for k in s.kernels():
-        src, params[k.name] = kernel_source(k, buffers)
-        sources.append(src)
+    with _stage("lowering to the loop IR"):
+        g = lower(gm, example_inputs)
+        g = verifier.verify(g)
+    with _stage("scheduling"):
+        g = eliminate_dead(g)
+        s = schedule(g)
+        plan = memory.plan(s)
+    with _stage("C++ generation"):
+        sources, params = [PRELUDE], {}
+        buffers = g.buffer_map()
+        for k in s.kernels():
+            src, params[k.name] = kernel_source(k, buffers)
+            sources.append(src)
+        py = wrapper.wrapper_source(s, params, plan)
     cacheable = True
-    py = wrapper.wrapper_source(s, params, plan)
     ir_text = ""
     if _recorders or logs.enabled("schedule"):  # printing sympy indices is not free
         ir_text = printer.graph_str(g) + "\n\nschedule:\n" + schedule_str(s)
@@ -80,9 +105,11 @@ def generate(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Artifact:
 
 
 def _load(art: Artifact, gm: torch.fx.GraphModule) -> Callable[..., Any]:
-    kernels = build.load(art.cpp, art.kernels) if art.kernels else {}
-    consts = {buf: _attr(gm, target) for buf, target in art.constants.items()}
-    return wrapper.instantiate(art.wrapper, kernels, consts)
+    with _stage("g++ and loading the kernels"):
+        kernels = build.load(art.cpp, art.kernels) if art.kernels else {}
+    with _stage("loading the wrapper"):
+        consts = {buf: _attr(gm, target) for buf, target in art.constants.items()}
+        return wrapper.instantiate(art.wrapper, kernels, consts)
 
 
 def _attr(gm: torch.nn.Module, target: str) -> Any:
@@ -117,8 +144,9 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callabl
         logs.log("kernels", "running the aten graph: ember's kernels are CPU code; %s", reason)
         return gm.forward
     try:
-        key = cache.graph_key(gm, example_inputs)
-        art = cache.load(key)
+        with _stage("graph cache lookup"):
+            key = cache.graph_key(gm, example_inputs)
+            art = cache.load(key)
         if art is None:
             art = generate(gm, example_inputs)
             if logs.enabled("schedule"):
@@ -127,14 +155,17 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callabl
                 logs.log("kernels", "%s\n%s", art.cpp[len(PRELUDE) :], art.wrapper)
             fn = _load(art, gm)
             if art.cacheable:
-                cache.store(key, art)
+                cache.store(key, art)  # best effort: an unwritable cache only costs speed
             stats["generated"] += 1
         else:
             fn = _load(art, gm)
             stats["graph_cache_hits"] += 1
-    except Exception as e:  # noqa: BLE001  (any failure: run the graph as aten ops)
+    except StageFailed as e:
+        if config.current().strict:
+            raise BackendCompilerFailed("ember", e.stage, gm.code, e.cause) from e.cause
         stats["graph_fallbacks"] += 1
-        logs.log("kernels", "running the aten graph instead: %s: %s", type(e).__name__, e)
+        fallbacks.append(str(e))
+        logs.log("kernels", "running the aten graph instead; failed in %s\n%s", e, gm.code)
         return gm.forward
     for r in _recorders:
         r.append(art)

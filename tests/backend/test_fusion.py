@@ -147,7 +147,7 @@ def test_gemm_operand_read_through_a_transpose_is_realized_once():
     (art,) = check(f, x, w)
     assert kernel_count(art) == 1
     kernels = art.cpp[art.cpp.index('extern "C"') :]
-    assert kernels.count("erff") == 1  # one erf per element, in one kernel
+    assert kernels.count("erfcf") == 1  # one erfc per element, in one kernel
 
 
 def test_bias_gradient_over_two_dims_is_one_column_reduction():

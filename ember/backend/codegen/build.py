@@ -1,26 +1,29 @@
-"""Compile C++ with g++ into a shared object, cached on disk by source and flags.
+"""Compile C++ with g++ into a shared object, cached on disk by source, flags and target.
 
 Cache entries are written atomically (temp file + rename) so that concurrent processes never
 see a partial library, and carry a SHA-256 of the library so that a corrupt or truncated
-entry is detected and rebuilt instead of loaded.
+entry is detected and rebuilt instead of loaded. The key holds the resolved CPU target
+(target.identity), so machines sharing a cache directory never load each other's kernels.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import hashlib
 import os
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
 from ember import config, logs
+from ember.backend.codegen import target
+from ember.backend.codegen.target import CXX
 
-CXX = os.environ.get("CXX", "g++")
 FLAGS = (
     "-O3",
-    "-march=native",
     "-fopenmp",
     "-fPIC",
     "-shared",
@@ -35,14 +38,23 @@ class BuildError(Exception):
     pass
 
 
-@functools.cache
 def compiler_id() -> str:
-    """Compiler version and flags: part of every cache key."""
+    """Compiler version, flags and the resolved CPU target: part of every cache key."""
+    return _compiler_id(config.current().cpu_isa)
+
+
+@functools.cache
+def _compiler_id(isa: str) -> str:
+    target.check(isa)
     try:
         out = subprocess.run([CXX, "--version"], capture_output=True, text=True).stdout
     except OSError as e:
         raise BuildError(f"no C++ compiler ({CXX}): {e}") from e
-    return out.splitlines()[0] + " " + " ".join(FLAGS)
+    return f"{out.splitlines()[0]} {' '.join(FLAGS)} {target.identity(isa)}"
+
+
+def _flags() -> tuple[str, ...]:
+    return (*FLAGS, *target.flags(config.current().cpu_isa))
 
 
 def _sha(data: bytes) -> str:
@@ -97,10 +109,10 @@ def _compile(source: str, out: Path, workdir: Path) -> None:
     if n <= 1:
         cpp = workdir / "module.cpp"
         cpp.write_text(source)
-        _run([CXX, *FLAGS, str(cpp), "-o", str(out)])
+        _run([CXX, *_flags(), str(cpp), "-o", str(out)])
         return
     objs, procs = [], []
-    flags = [f for f in FLAGS if f != "-shared"]
+    flags = [f for f in _flags() if f != "-shared"]
     for i, group in enumerate(_groups(units, n)):
         cpp, obj = workdir / f"part{i}.cpp", workdir / f"part{i}.o"
         cpp.write_text(prelude + "\n" + "\n".join(group))
@@ -126,19 +138,42 @@ def _run(cmd: list[str]) -> None:
 
 
 def build(source: str) -> Path:
-    """Path of the compiled library for `source`, compiling it if no valid entry exists."""
+    """Path of the compiled library for `source`, compiling it if no valid entry exists.
+    A cache directory that cannot be written (read-only, full) costs a private build in a
+    temporary directory, not a failure."""
     key = library_key(source)
     so = kernel_dir() / key[:2] / f"{key}.so"
     sha_file = so.with_suffix(".sha256")
     if _valid(so, sha_file):
         return so
-    so.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=so.parent, prefix="build-") as tmp:
-        tmp_so = Path(tmp) / "module.so"
-        _compile(source, tmp_so, Path(tmp))
-        atomic_write(sha_file, _sha(tmp_so.read_bytes()).encode())
-        os.replace(tmp_so, so)
+    try:
+        so.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=so.parent, prefix="build-") as tmp:
+            tmp_so = Path(tmp) / "module.so"
+            _compile(source, tmp_so, Path(tmp))
+            atomic_write(sha_file, _sha(tmp_so.read_bytes()).encode())
+            os.replace(tmp_so, so)
+    except OSError as e:
+        logs.log("kernels", "kernel cache not writable (%s); building privately", e)
+        return _private_build(source)
     logs.log("kernels", "compiled %s", so)
+    return so
+
+
+@functools.cache
+def _private_dir() -> Path:
+    path = Path(tempfile.mkdtemp(prefix="ember-kernels-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+def _private_build(source: str) -> Path:
+    """Compile into this process's own temporary directory (removed at exit)."""
+    so = _private_dir() / f"{library_key(source)}.so"
+    if not so.exists():
+        with tempfile.TemporaryDirectory(dir=so.parent) as tmp:
+            _compile(source, Path(tmp) / "module.so", Path(tmp))
+            os.replace(Path(tmp) / "module.so", so)
     return so
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ember import config
+from ember import config, logs
 from ember.backend.codegen.build import atomic_write, compiler_id
 
 FORMAT = 1
@@ -66,6 +66,7 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> str:
         json.dumps(cfg, sort_keys=True, default=str),
         EMBER_VERSION,
         torch.__version__,
+        torch.backends.cpu.get_cpu_capability(),  # eager's kernels, which lowerings match
         _source_digest(),
         compiler_id(),
     ]
@@ -77,21 +78,40 @@ def _path(key: str) -> Path:
 
 
 def load(key: str) -> Artifact | None:
-    """The cached artifact, or None when missing, truncated or corrupt."""
+    """The cached artifact, or None when missing, truncated, corrupt or not of this format."""
     try:
         raw = _path(key).read_bytes()
-        digest, _, payload = raw.partition(b"\n")
-        if hashlib.sha256(payload).hexdigest().encode() != digest:
-            return None
-        data = json.loads(payload)
-        if data.get("format") != FORMAT:
-            return None
-        return Artifact(data["cpp"], data["wrapper"], dict(data["kernels"]), data["constants"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except OSError:
         return None
+    digest, _, payload = raw.partition(b"\n")
+    if hashlib.sha256(payload).hexdigest().encode() != digest:
+        return None
+    try:
+        data = json.loads(payload)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not _well_formed(data):
+        return None
+    return Artifact(data["cpp"], data["wrapper"], data["kernels"], data["constants"])
+
+
+def _well_formed(data: dict) -> bool:
+    def str_dict(d: Any, values: type) -> bool:
+        return isinstance(d, dict) and all(
+            isinstance(k, str) and isinstance(v, values) for k, v in d.items()
+        )
+
+    return (
+        isinstance(data.get("cpp"), str)
+        and isinstance(data.get("wrapper"), str)
+        and str_dict(data.get("kernels"), int)
+        and str_dict(data.get("constants"), str)
+    )
 
 
 def store(key: str, art: Artifact) -> None:
+    """Write the entry; a cache directory that is read-only or full is logged, not raised
+    (the graph still runs, it is only compiled again by the next process)."""
     payload = json.dumps(
         {
             "format": FORMAT,
@@ -102,4 +122,7 @@ def store(key: str, art: Artifact) -> None:
         }
     ).encode()
     digest = hashlib.sha256(payload).hexdigest().encode()
-    atomic_write(_path(key), digest + b"\n" + payload)
+    try:
+        atomic_write(_path(key), digest + b"\n" + payload)
+    except OSError as e:
+        logs.log("kernels", "graph cache not written (%s): %s", _path(key), e)

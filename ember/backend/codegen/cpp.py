@@ -119,8 +119,8 @@ def _binary(op: B, a: str, b: str, src: DType) -> str:
         return f"ember_min({a}, {b})"
     if op == B.POW:
         return f"__builtin_powf({a}, {b})" if src != DType.F64 else f"__builtin_pow({a}, {b})"
-    if op == B.ERF_GIVEN_EXP:
-        return f"ember_erff_given_exp({a}, {b})" if src != DType.F64 else f"__builtin_erf({a})"
+    if op == B.ERFC_GIVEN_EXP:
+        return f"ember_erfcf_given_exp({a}, {b})" if src != DType.F64 else f"__builtin_erfc({a})"
     if op == B.ATAN2:
         return f"__builtin_atan2f({a}, {b})" if src != DType.F64 else f"__builtin_atan2({a}, {b})"
     raise NotImplementedError(str(op))

@@ -55,25 +55,43 @@ static inline float ember_exp_reduced(float xc, int32_t* k) {
   return __builtin_fmaf(p, r * r, r) + 1.0f;
 }
 
-static inline float ember_expf(float x) {
-  /* exp(x) = 2^k1 * 2^k2 * e^r, k = k1 + k2 split so that subnormal results stay exact.
-     The clamps let NaN through (comparisons with NaN are false), so no NaN select */
-  const float hi = 88.72283935546875f, lo = -103.972084045410f;
-  float xc = x < lo ? lo : x;
-  xc = xc > hi ? hi : xc;
+static inline float ember_exp_in_range(float xc) {
+  /* exp(xc) for xc in [-103.97, 88.72] or NaN: 2^k1 * 2^k2 * e^r with k = k1 + k2 split so
+     that subnormal results stay exact */
   int32_t k;
   float p = ember_exp_reduced(xc, &k);
   int32_t k1 = k >> 1, k2 = k - k1;
   float s1 = ember_bits_f((uint32_t)(k1 + 127) << 23);
   float s2 = ember_bits_f((uint32_t)(k2 + 127) << 23);
-  float res = p * s1 * s2;
+  return p * s1 * s2;
+}
+
+static inline float ember_expf(float x) {
+  /* The clamps let NaN through (comparisons with NaN are false), so no NaN select */
+  const float hi = 88.72283935546875f, lo = -103.972084045410f;
+  float xc = x < lo ? lo : x;
+  xc = xc > hi ? hi : xc;
+  float res = ember_exp_in_range(xc);
   res = x > hi ? INFINITY : res;
   return x < lo ? 0.0f : res;
 }
 
 static inline float ember_expf_shifted(float x) {
-  /* exp(x) for x <= 0 or NaN (softmax's x - rowmax): one scale by 2^k, no overflow path;
-     below -87.3 (a result under float's normal range) the result is 0 */
+  /* exp(x) for x <= 0 or NaN (softmax's x - rowmax, tanh's and sigmoid's exp(-|x|)): no
+     overflow path. Subnormal results are kept, as eager's AVX2 kernels keep them, for the
+     price of one multiply: e^r 2^(k+32) is normal for every k >= -150, and the constant
+     2^-32 then rounds it once into the subnormal range */
+  const float lo = -103.972084045410f;
+  float xc = x < lo ? lo : x; /* NaN stays NaN */
+  int32_t k;
+  float p = ember_exp_reduced(xc, &k);
+  float res = p * ember_bits_f((uint32_t)(k + 159) << 23) * 2.3283064365386963e-10f;
+  return x < lo ? 0.0f : res;
+}
+
+static inline float ember_expf_flush(float x) {
+  /* exp(x) for x <= 0 or NaN where results under float's normal range do not matter (tanh's
+     exp(-2|x|): tanh is +-1 there): they are 0, one multiply fewer */
   const float lo = -87.3365447505531f;
   float xc = x < lo ? lo : x; /* NaN stays NaN */
   int32_t k;
@@ -123,32 +141,40 @@ static inline float ember_tanhf(float x) {
   s = __builtin_fmaf(s, z, -5.37397155531e-2f);
   s = __builtin_fmaf(s, z, 1.33314422036e-1f);
   s = __builtin_fmaf(s, z, -3.33332819422e-1f);
-  float small = __builtin_fmaf(s * z, x, x);
-  float e = ember_expf_shifted(-2.0f * ax);
+  float small = x * __builtin_fmaf(s, z, 1.0f); /* a product keeps -0's sign */
+  float e = ember_expf_flush(-2.0f * ax);
   float big = (1.0f - e) / (1.0f + e);
   big = x < 0.0f ? -big : big;
   return ax < 0.625f ? small : big;
 }
 
 static inline float ember_sigmoidf(float x) {
-  /* with e = exp(-|x|) <= 1: 1 / (1 + e) for x >= 0, e / (1 + e) below (no overflow path) */
+  /* with e = exp(-|x|) <= 1: 1 / (1 + e) for x >= 0, e / (1 + e) below; the exp keeps its
+     subnormal results (sigmoid(-88.7) is 3e-39, and silu's x sigmoid(x) a normal number) */
   float e = ember_expf_shifted(-__builtin_fabsf(x));
   float r = 1.0f / (1.0f + e);
   return x >= 0.0f ? r : e * r;
 }
 
-static inline float ember_erff_given_exp(float x, float e) {
-  /* erf(x) to an absolute error of 1.5e-7 (Abramowitz-Stegun 7.1.26, the formula eager's
-     vectorized erf uses), with e = exp(-x*x): enough where 1 is added to it (GELU). NaN
-     propagates through t */
-  float t = 1.0f / __builtin_fmaf(0.3275911f, __builtin_fabsf(x), 1.0f);
-  float p = 1.061405429f;
-  p = __builtin_fmaf(p, t, -1.453152027f);
-  p = __builtin_fmaf(p, t, 1.421413741f);
-  p = __builtin_fmaf(p, t, -0.284496736f);
-  p = __builtin_fmaf(p, t, 0.254829592f);
-  float r = 1.0f - p * t * e;
-  return x < 0.0f ? -r : r;
+static inline float ember_erfcf_given_exp(float v, float e) {
+  /* erfc(v) given e = exp(-v*v), to about 2 ulp relative for every v: erfc(|v|) =
+     t P(t) e with t = 2 / (2 + |v|) and P a degree-9 polynomial fitted by ember (relative
+     error 2e-8 over |v| <= 10); erfc(-v) = 2 - erfc(v). No cancellation, so GELU's
+     0.5 x erfc(-x / sqrt 2) keeps its digits far into the negative tail. NaN propagates
+     through t; erfc(+inf) = 0 and erfc(-inf) = 2 */
+  float t = 2.0f / (2.0f + __builtin_fabsf(v));
+  float p = 1.2059852481e-02f;
+  p = __builtin_fmaf(p, t, -1.2211570889e-01f);
+  p = __builtin_fmaf(p, t, 4.2644193769e-01f);
+  p = __builtin_fmaf(p, t, -6.6697335243e-01f);
+  p = __builtin_fmaf(p, t, 4.1896751523e-01f);
+  p = __builtin_fmaf(p, t, -9.7204923630e-02f);
+  p = __builtin_fmaf(p, t, 2.2520072758e-01f);
+  p = __builtin_fmaf(p, t, 2.3870874941e-01f);
+  p = __builtin_fmaf(p, t, 2.8285041451e-01f);
+  p = __builtin_fmaf(p, t, 2.8206479549e-01f);
+  float c = t * p * e;
+  return v < 0.0f ? 2.0f - c : c;
 }
 
 static inline float ember_erff(float x) {
@@ -162,7 +188,7 @@ static inline float ember_erff(float x) {
   s = __builtin_fmaf(s, z, -1.0f / 3.0f);
   s = __builtin_fmaf(s, z, 1.0f);
   float small = 1.12837916709551257f * x * s;
-  float big = ember_erff_given_exp(x, ember_expf_shifted(-z)); /* -x*x <= 0 */
+  float big = 1.0f - ember_erfcf_given_exp(x, ember_expf_shifted(-z)); /* -x*x <= 0 */
   return __builtin_fabsf(x) < 0.5f ? small : big;
 }
 """

@@ -66,7 +66,7 @@ _BINARY = {
     B.BITWISE_OR: torch.bitwise_or,
     B.BITWISE_XOR: torch.bitwise_xor,
     B.ATAN2: torch.atan2,
-    B.ERF_GIVEN_EXP: lambda a, b: torch.erf(a),
+    B.ERFC_GIVEN_EXP: lambda a, b: torch.erfc(a),
 }
 _REDUCE = {
     R.SUM: lambda t, dims: t.sum(dims) if dims else t,

@@ -54,8 +54,7 @@ class UnaryOp(enum.Enum):
     ABS = "abs"
     EXP = "exp"
     EXP_SHIFTED = "exp_shifted"
-    """exp of a value that is <= 0 or NaN (softmax's x - rowmax): results below float32's
-    normal range (arguments under -87.3) are 0, as eager's softmax kernel makes them."""
+    """exp of a value that is <= 0 or NaN (softmax's x - rowmax): no overflow path."""
     EXPM1 = "expm1"
     LOG = "log"
     LOG1P = "log1p"
@@ -100,10 +99,10 @@ class BinaryOp(enum.Enum):
     BITWISE_OR = "bitwise_or"
     BITWISE_XOR = "bitwise_xor"
     ATAN2 = "atan2"
-    ERF_GIVEN_EXP = "erf_given_exp"
-    """erf(a) where b is exp(-a*a), to an absolute error of 1.5e-7 (for GELU, which adds 1
-    to it): float32 erf evaluates that exp anyway, and GELU's derivative needs the same
-    value (its density), so the two share one exp."""
+    ERFC_GIVEN_EXP = "erfc_given_exp"
+    """erfc(a) where b is exp(-a*a) (GELU's 1 + erf(x / sqrt 2) is erfc(-x / sqrt 2),
+    without the cancellation near -1): float32 erfc evaluates that exp anyway, and GELU's
+    derivative needs the same value (its density), so the two share one exp."""
 
 
 TRANSCENDENTAL = frozenset(

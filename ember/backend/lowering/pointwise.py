@@ -7,6 +7,7 @@ bfloat16, the promoted type for comparisons), and the result converted to the ou
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -330,21 +331,28 @@ def _masked_fill(ctx: LowerCtx, x, mask, value) -> LazyValue:
 # ------------------------------------------------------------------ activations
 
 
-def gelu_expr(x: Expr, approximate: str = "none") -> Expr:
+def gelu_expr(x: Expr, approximate: str = "none", nan_at_inf: bool = False) -> Expr:
+    """GELU; `nan_at_inf` gives NaN at +inf too (not only at -inf), as eager does on some
+    CPUs (its AVX-512 float kernel; see eager_gelu_nan_at_inf)."""
     d = x.dtype
-    half = bin_(B.MUL, x, const(0.5, d))
     if approximate == "tanh":
+        # x/2 (1 + tanh(u)) written as x sigmoid(2u): the same function without the
+        # cancellation of 1 + tanh(u) near -1, which costs eager most of its digits for x < -3
         cube = bin_(B.MUL, bin_(B.MUL, x, x), x)
         inner = bin_(B.ADD, x, bin_(B.MUL, cube, const(0.044715, d)))
-        t = un(U.TANH, bin_(B.MUL, inner, const(math.sqrt(2 / math.pi), d)))
-    else:
-        t = _erf_over_sqrt2(x)
-        y = bin_(B.MUL, half, bin_(B.ADD, t, const(1.0, d)))
-        if d != DType.F32:
-            return y
-        # eager's float erf-form GELU gives NaN at +inf as well as at -inf; match it
-        return where(un(U.ISINF, x), const(math.nan, d), y)
-    return bin_(B.MUL, half, bin_(B.ADD, t, const(1.0, d)))
+        u2 = bin_(B.MUL, inner, const(2 * math.sqrt(2 / math.pi), d))
+        return bin_(B.MUL, x, un(U.SIGMOID, u2))
+    y = bin_(B.MUL, bin_(B.MUL, x, const(0.5, d)), _twice_normal_cdf(x))
+    return where(un(U.ISINF, x), const(math.nan, d), y) if nan_at_inf else y
+
+
+@functools.cache
+def eager_gelu_nan_at_inf(dtype: torch.dtype) -> bool:
+    """Whether eager's erf-form GELU gives NaN at +inf for `dtype` in this process. It does
+    with ATen's AVX-512 float kernel and does not with its AVX2 one, so it is asked once
+    rather than assumed; the graph cache key holds ATen's CPU capability for this reason."""
+    x = torch.full((64,), math.inf, dtype=dtype)
+    return bool(torch.nn.functional.gelu(x).isnan().all())
 
 
 def _gauss(x: Expr) -> Expr:
@@ -352,18 +360,17 @@ def _gauss(x: Expr) -> Expr:
     return un(U.EXP_SHIFTED, bin_(B.MUL, bin_(B.MUL, x, x), const(-0.5, x.dtype)))
 
 
-def _erf_over_sqrt2(x: Expr) -> Expr:
-    """erf(x / sqrt(2)); in float32 written to reuse exp(-x^2/2), the expression GELU's
-    derivative also needs, so a kernel computing GELU and its gradient runs one exp."""
-    u = bin_(B.MUL, x, const(math.sqrt(0.5), x.dtype))
-    if x.dtype != DType.F32:
-        return un(U.ERF, u)
-    return bin_(B.ERF_GIVEN_EXP, u, _gauss(x))
+def _twice_normal_cdf(x: Expr) -> Expr:
+    """1 + erf(x / sqrt 2), computed as erfc(-x / sqrt 2) so that it keeps its relative
+    accuracy where it is tiny (x < -3); given exp(-x^2/2), the expression GELU's derivative
+    also needs, so a kernel computing GELU and its gradient runs one exp."""
+    return bin_(B.ERFC_GIVEN_EXP, bin_(B.MUL, x, const(-math.sqrt(0.5), x.dtype)), _gauss(x))
 
 
 @register(aten.gelu.default)
 def _gelu(ctx: LowerCtx, x, approximate="none") -> LazyValue:
-    return pointwise(ctx, lambda a: gelu_expr(a, approximate), [x])
+    nan_at_inf = approximate == "none" and eager_gelu_nan_at_inf(ctx.out_dtype.torch)
+    return pointwise(ctx, lambda a: gelu_expr(a, approximate, nan_at_inf), [x])
 
 
 def gelu_grad_expr(g: Expr, x: Expr, approximate: str = "none") -> Expr:
@@ -389,7 +396,7 @@ def gelu_grad_expr(g: Expr, x: Expr, approximate: str = "none") -> Expr:
         inner_d = mul(c(beta), bin_(B.ADD, c(1.0), mul(c(3 * kappa), x_sq)))
         slope = bin_(B.ADD, left_d, mul(mul(c(0.5), x), tanh_d, inner_d))
     else:
-        cdf = mul(c(0.5), bin_(B.ADD, c(1.0), _erf_over_sqrt2(x)))
+        cdf = mul(c(0.5), _twice_normal_cdf(x))
         pdf = mul(c(1.0 / math.sqrt(2.0 * math.pi)), _gauss(x))
         slope = bin_(B.ADD, cdf, mul(x, pdf))
     return mul(g, slope)

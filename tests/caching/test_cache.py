@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import torch
@@ -14,6 +13,7 @@ from ember import config
 from ember.aot.program import trace_inference
 from ember.backend import compile_aten
 from ember.backend.compile import stats
+from tests.caching.procs import last_line, start
 
 SCRIPT = """
 import json, torch
@@ -28,20 +28,12 @@ print(json.dumps(dict(stats)))
 """
 
 
-def _run(cache: Path) -> dict:
-    env = dict(os.environ, EMBER_CACHE_DIR=str(cache))
-    root = Path(__file__).resolve().parents[2]
-    env["PYTHONPATH"] = str(root) + os.pathsep + env.get("PYTHONPATH", "")
-    p = subprocess.Popen(
-        [sys.executable, "-c", SCRIPT], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
-    return p
+def _run(cache: Path) -> subprocess.Popen:
+    return start(SCRIPT, cache)
 
 
-def _result(p) -> dict:
-    out, err = p.communicate(timeout=300)
-    assert p.returncode == 0, err.decode()[-3000:]
-    return json.loads(out.decode().strip().splitlines()[-1])
+def _result(p: subprocess.Popen) -> dict:
+    return json.loads(last_line(p))
 
 
 def test_fresh_processes_share_the_cache(tmp_path):
