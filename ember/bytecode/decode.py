@@ -134,7 +134,7 @@ def _decode(code: types.CodeType) -> list[Inst]:
     varname = code._varname_from_oparg  # type: ignore[attr-defined]
     kinds, opnames, ops, jump_extra = KINDS, NAMES, OPS, JUMP_EXTRA
     compare_shift, cast_bit = THIS.compare_shift, THIS.compare_cast_bit
-    new = tuple.__new__  # a NamedTuple's own __new__ takes keywords: twice as slow
+    new = tuple.__new__  # skips the NamedTuple __new__ (keyword handling): decoding 1.16x faster
     out = []
     for n, (offset, opc, arg) in enumerate(raw):
         kind = kinds[opc]
