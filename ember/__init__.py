@@ -6,7 +6,7 @@ ember.explain(fn)(*args)             # graphs, guards and graph breaks
 """
 
 from ember import config
-from ember.api import compile, disable, reset
+from ember.api import compile, disable, reset, stats
 from ember.errors import BackendCompilerFailed, BreakReason, Unsupported
 from ember.explain import explain
 from ember.logs import set_logs
@@ -23,4 +23,5 @@ __all__ = [
     "explain",
     "reset",
     "set_logs",
+    "stats",
 ]

@@ -18,6 +18,7 @@ import torch
 from ember import config, logs
 from ember.backends import lookup
 from ember.capture import cache as frame_cache
+from ember.capture import stats as capture_stats
 from ember.capture.frame import capture_call
 from ember.errors import Unsupported
 
@@ -61,6 +62,7 @@ def _run_cached(fn: types.FunctionType, opts: CompileOptions, args: tuple, kwarg
         return fn(*args, **kwargs)
     limit = config.current().recompile_limit
     if cache.entries:
+        capture_stats.record_recompile()
         failure = cache.entries[-1].guard.first_failure(*args, **kwargs)
         cache.misses.append(failure)
         logs.log("recompiles", "recompiling %s: guard failed: %s", fn.__qualname__, failure)
@@ -71,6 +73,7 @@ def _run_cached(fn: types.FunctionType, opts: CompileOptions, args: tuple, kwarg
             )
             warnings.warn(reason, stacklevel=3)
             cache.eager_reason = reason
+            capture_stats.record_eager_frame()
             return fn(*args, **kwargs)
     try:
         wrap = None if opts.fullgraph else functools.partial(compile_function, opts=opts)
@@ -80,6 +83,8 @@ def _run_cached(fn: types.FunctionType, opts: CompileOptions, args: tuple, kwarg
             raise
         logs.log("graph_breaks", "running %s eagerly: %s", fn.__qualname__, exc)
         cache.eager_reason = exc
+        capture_stats.record_break(exc)
+        capture_stats.record_eager_frame()
         return fn(*args, **kwargs)
     cache.entries.append(entry)
     return entry.fn(*args, **kwargs)
@@ -203,5 +208,13 @@ def disable(fn: Callable[..., Any] | None = None) -> Any:
 
 
 def reset() -> None:
-    """Forget every cache entry (compiled functions recapture on their next call)."""
+    """Forget every cache entry (compiled functions recapture on their next call) and the
+    counts of `stats()`."""
     frame_cache.reset()
+    capture_stats.reset()
+
+
+def stats() -> dict[str, Any]:
+    """What capture did since the last `reset()`: {"graphs", "graph_breaks",
+    "break_reasons", "recompiles", "eager_frames"} (see `ember.capture.stats`)."""
+    return capture_stats.current().as_dict()

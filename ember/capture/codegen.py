@@ -136,6 +136,9 @@ def live_tensors(values: list[Value]) -> list[TensorValue]:
         elif isinstance(v, IteratorValue):
             for item in v.items[v.position :]:
                 visit(item)
+        else:
+            for item in v.contained():
+                visit(item)
 
     for value in values:
         visit(value)

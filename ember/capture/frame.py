@@ -21,6 +21,7 @@ import torch
 
 from ember import logs
 from ember.backends import backend_name
+from ember.capture import stats
 from ember.capture.cache import CacheEntry
 from ember.capture.codegen import (
     BreakSite,
@@ -132,6 +133,10 @@ def capture_call(
     entry = CacheEntry(
         guard, replacement, code, graph, compiled_name, brk.reason if brk is not None else None
     )
+    if graph is not None:
+        stats.record_graph()
+    if brk is not None:
+        stats.record_break(brk.reason)
     for listener in _listeners:
         listener(entry)
     return entry

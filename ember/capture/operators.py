@@ -12,14 +12,8 @@ import operator
 from typing import TYPE_CHECKING, Any
 
 from ember.capture.values.base import ConstantValue, Value, all_constant
-from ember.capture.values.containers import (
-    DictValue,
-    ListValue,
-    SequenceValue,
-    SetValue,
-    TupleValue,
-    set_operation,
-)
+from ember.capture.values.containers import DictValue, ListValue, SequenceValue, TupleValue
+from ember.capture.values.sets import DictViewValue, SetValue, set_operation
 from ember.capture.values.tensor import TensorValue, tensor_op
 from ember.errors import BreakReason, Unsupported
 
@@ -112,8 +106,8 @@ def _contains(tx: Translator, container: Value, item: Value) -> Value:
     if isinstance(container, UserObjectValue) and _own_contains(container.cls):
         method = container.type_method(tx, "__contains__")
         return ConstantValue(method.call(tx, [item], {}).truth(tx))
-    if isinstance(container, SetValue):
-        return ConstantValue(container.contains(item))
+    if isinstance(container, SetValue | DictViewValue):
+        return ConstantValue(container.contains(tx, item))
     if isinstance(container, DictValue):
         return ConstantValue(container._key(item) in container.items)
     if isinstance(container, TensorValue) or isinstance(item, TensorValue):
@@ -143,7 +137,7 @@ def _containers(tx: Translator, fn: Any, args: list[Value]) -> Value | None:
     if len(args) != 2:
         return None
     a, b = args
-    combined = set_operation(tx, plain, a, b)
+    combined = set_operation(tx, fn, a, b)
     if combined is not None:
         return combined
     if isinstance(a, SequenceValue) and isinstance(b, SequenceValue) and plain is operator.add:
@@ -175,7 +169,7 @@ def _containers(tx: Translator, fn: Any, args: list[Value]) -> Value | None:
             raise Unsupported(BreakReason.EXCEPTION_RAISED, f"{fn.__name__}: {exc}") from exc
         if isinstance(result, list):
             return ListValue([ConstantValue(v) for v in result])
-        if isinstance(result, tuple):
+        if isinstance(result, tuple) and type(result) is tuple:  # a torch.Size stays one
             return TupleValue([ConstantValue(v) for v in result])
         if isinstance(result, set):
             return SetValue(result)

@@ -82,6 +82,11 @@ class Value:
     def length(self, tx: Translator) -> int:
         raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"len() of {self.describe()}")
 
+    def contained(self) -> list[Value]:
+        """The values this one holds and rebuilds with itself (a set's members, a view's
+        dict): their tensors must be outputs of the graph."""
+        return []
+
     def reconstruct(self, em: Emitter) -> None:
         """Emit bytecode that pushes this value at run time."""
         if self.source is not None:

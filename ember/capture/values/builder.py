@@ -22,7 +22,7 @@ import torch
 from ember.capture.guards import GuardKind
 from ember.capture.sources import AttrSource, ConstSource, ItemSource, Source
 from ember.capture.values.base import ConstantValue, Value
-from ember.capture.values.containers import DictValue, ListValue, SetValue, TupleValue
+from ember.capture.values.containers import DictValue, ListValue, TupleValue
 from ember.capture.values.functions import (
     BoundMethodValue,
     BuiltinValue,
@@ -37,6 +37,7 @@ from ember.capture.values.objects import (
     PyModuleValue,
     UserObjectValue,
 )
+from ember.capture.values.sets import SetValue
 from ember.errors import BreakReason, Unsupported
 
 if TYPE_CHECKING:

@@ -24,12 +24,12 @@ from ember.capture.values.containers import (
     DictValue,
     IteratorValue,
     ListValue,
-    SetValue,
     SliceValue,
     TupleValue,
     iterator_over,
 )
 from ember.capture.values.functions import PartialValue
+from ember.capture.values.sets import SetValue
 from ember.capture.values.tensor import TensorValue, tensor_op
 from ember.errors import BreakReason, Unsupported
 
@@ -249,7 +249,19 @@ def _dict(tx, args, kwargs):
 
 @handles(set, frozenset)
 def _set(tx, args, kwargs):
-    return SetValue(values=args[0].iterate(tx) if args else [])
+    result = SetValue()
+    if args:
+        result.update(tx, args[0])
+    return result
+
+
+@handles(frozenset)
+def _frozenset(tx, args, kwargs):
+    if args and isinstance(args[0], SetValue) and args[0].frozen:
+        return args[0]  # frozenset(f) is f
+    result = _set(tx, args, kwargs)
+    result.frozen = True
+    return result
 
 
 @handles(slice)

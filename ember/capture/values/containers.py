@@ -269,37 +269,6 @@ def key_value(key: Any) -> Value:
     return key.value if isinstance(key, IdentityKey) else ConstantValue(key)
 
 
-class DictKeysValue(ListValue):
-    """`d.keys()`: the keys in order, as a list of values (a snapshot: the trace is
-    straight-line), which also combines with sets and other key views (`a.keys() | b`)."""
-
-
-def set_operation(tx: Translator, fn: Any, a: Value, b: Value) -> Value | None:
-    """`|`, `&`, `-`, `^` where one side is a key view and the other a view or a set: a set
-    whose members keep the left operand's order first (iteration order of a set of strings
-    is not defined anyway)."""
-    import operator
-
-    if fn not in (operator.or_, operator.and_, operator.sub, operator.xor):
-        return None
-    if not any(isinstance(v, DictKeysValue) for v in (a, b)) or not all(
-        isinstance(v, (DictKeysValue, SetValue)) for v in (a, b)
-    ):
-        return None
-    left, right = SetValue(values=a.iterate(tx)), SetValue(values=b.iterate(tx))
-    lk, rk = left.entries, right.entries
-    if fn is operator.or_:
-        kept = [*lk.items(), *((k, v) for k, v in rk.items() if k not in lk)]
-    elif fn is operator.and_:
-        kept = [(k, v) for k, v in lk.items() if k in rk]
-    elif fn is operator.sub:
-        kept = [(k, v) for k, v in lk.items() if k not in rk]
-    else:
-        kept = [*((k, v) for k, v in lk.items() if k not in rk)]
-        kept += [(k, v) for k, v in rk.items() if k not in lk]
-    return SetValue(values=[v for _, v in kept])
-
-
 class DictValue(Value):
     """A dict whose keys are constants or identity-hashed objects (see IdentityKey)."""
 
@@ -361,13 +330,11 @@ class DictValue(Value):
         return super().getattr(tx, name)
 
     def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
+        from ember.capture.values.sets import DictViewValue
+
         items = self.items
-        if name == "keys":
-            return DictKeysValue([key_value(k) for k in items])
-        if name == "values":
-            return ListValue(list(items.values()))
-        if name == "items":
-            return ListValue([TupleValue([key_value(k), v]) for k, v in items.items()])
+        if name in ("keys", "values", "items"):
+            return DictViewValue(self, name)
         if name == "get":
             default = args[1] if len(args) > 1 else ConstantValue(None)
             return items.get(self._key(args[0]), default)
@@ -415,112 +382,6 @@ class DictValue(Value):
         em.cg.build("MAP", len(self.items))
         if self.dict_type is not dict:
             em.cg.call(1)
-
-
-class SetValue(Value):
-    """A set of constants, or of objects that hash by identity (modules, tensors, plain user
-    objects): the `memo` sets of nn.Module's helpers (`named_modules`, `parameters`)."""
-
-    def __init__(
-        self, items: Any = (), values: list[Value] | None = None, source: Any = None
-    ) -> None:
-        self.source = source
-        """Set for a set reached from outside: read-only here (the ledger has no set replay)."""
-        self.entries: dict[Any, Value] = {}
-        for item in items:
-            self.entries.setdefault(("const", item), ConstantValue(item))
-        for value in values or []:
-            self.add(value)
-
-    @staticmethod
-    def key(value: Value) -> Any:
-        if value.is_constant():
-            return ("const", value.as_constant())
-        if value.python_type().__hash__ in (object.__hash__, torch.Tensor.__hash__):
-            return ("id", id(value))  # builder gives one Value per object, so id is identity
-        raise Unsupported(
-            BreakReason.UNSUPPORTED_OBJECT, f"{value.describe()} in a set (custom __hash__)"
-        )
-
-    def add(self, value: Value) -> None:
-        self.entries.setdefault(self.key(value), value)
-
-    @property
-    def items(self) -> set[Any]:
-        return self.as_constant()
-
-    def describe(self) -> str:
-        return f"set of {len(self.entries)}"
-
-    def python_type(self) -> type:
-        return set
-
-    def is_constant(self) -> bool:
-        return all(k[0] == "const" for k in self.entries)
-
-    def as_constant(self) -> Any:
-        if not self.is_constant():
-            return super().as_constant()
-        return {k[1] for k in self.entries}
-
-    def truth(self, tx: Translator) -> bool:
-        return bool(self.entries)
-
-    def length(self, tx: Translator) -> int:
-        return len(self.entries)
-
-    def iterate(self, tx: Translator) -> list[Value]:
-        return list(self.entries.values())
-
-    def contains(self, value: Value) -> bool:
-        return self.key(value) in self.entries
-
-    def getattr(self, tx: Translator, name: str) -> Value:
-        from ember.capture.values.functions import MethodValue
-
-        return MethodValue(self, name)
-
-    def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
-        if self.source is not None and name in ("add", "update", "discard", "remove", "clear"):
-            raise Unsupported(
-                BreakReason.SIDE_EFFECT, f"set.{name}() on a set from outside the function"
-            )
-        if name == "add":
-            self.add(args[0])
-        elif name == "update":
-            for other in args:
-                for value in other.iterate(tx):
-                    self.add(value)
-        elif name in ("discard", "remove"):
-            key = self.key(args[0])
-            if key not in self.entries and name == "remove":
-                raise Unsupported(BreakReason.EXCEPTION_RAISED, "KeyError from set.remove()")
-            self.entries.pop(key, None)
-        elif name == "clear":
-            self.entries.clear()
-        elif name == "__contains__":
-            return ConstantValue(self.contains(args[0]))
-        elif name == "copy":
-            return SetValue(values=self.iterate(tx))
-        elif self.is_constant() and all_constant(args):
-            result = getattr(self.as_constant(), name)(*(a.as_constant() for a in args))
-            return SetValue(result) if isinstance(result, set) else ConstantValue(result)
-        else:
-            raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"set.{name}() on non-constants")
-        return ConstantValue(None)
-
-    def reconstruct(self, em: Emitter) -> None:
-        if self.source is not None:
-            return super().reconstruct(em)
-        if self.is_constant():
-            em.cg.load_const(frozenset(self.as_constant()))
-            em.cg.build("SET", 0)
-            em.cg.swap(2)
-            em.cg.emit("SET_UPDATE", 1)
-            return
-        for value in self.entries.values():
-            em.reconstruct(value)
-        em.cg.build("SET", len(self.entries))
 
 
 class SliceValue(Value):
