@@ -40,6 +40,7 @@ from ember.capture.resume import (
     make_resume_function,
 )
 from ember.capture.translator import CaptureContext, RestartCapture, root_translator
+from ember.capture.values.iterators import settle_iterators
 from ember.capture.values.objects import CellValue
 from ember.errors import BackendCompilerFailed, Unsupported
 
@@ -82,6 +83,7 @@ def capture_call(
             names = _live_after(fn, tracer)
             kept = {k: v for k, v in tracer.locals.items() if k in names}
             live = [*tracer.stack, *kept.values(), *cells.values()]
+            _settle_iterators(tracer, live)
         else:
             live = [result]
         outputs = live_tensors([*live, *ctx.effects.pending_values()])
@@ -215,6 +217,17 @@ def _check_resumable(fn: types.FunctionType, tracer: Any) -> None:
             "inside a try block or a `with` block other than "
             "no_grad/enable_grad/set_grad_enabled, where ember cannot resume",
         )
+
+
+def _settle_iterators(tracer: Any, live: list[Any]) -> None:
+    """Lazy iterators alive at the break hand their remaining items to CPython as a tuple:
+    computed here, when that shows no side effect; otherwise the frame runs eagerly."""
+    try:
+        settle_iterators(tracer, live)
+    except Unsupported as exc:
+        raise _runs_eagerly(
+            exc.at(*tracer.location()) if not exc.location else exc, "at a graph break"
+        ) from exc
 
 
 def _install_resume(

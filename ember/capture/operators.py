@@ -12,7 +12,13 @@ import operator
 from typing import TYPE_CHECKING, Any
 
 from ember.capture.values.base import ConstantValue, Value, all_constant
-from ember.capture.values.containers import DictValue, ListValue, SequenceValue, TupleValue
+from ember.capture.values.containers import (
+    DictValue,
+    IteratorValue,
+    ListValue,
+    SequenceValue,
+    TupleValue,
+)
 from ember.capture.values.sets import DictViewValue, SetValue, set_operation
 from ember.capture.values.tensor import TensorValue, tensor_op
 from ember.errors import BreakReason, Unsupported
@@ -87,6 +93,11 @@ def apply(tx: Translator, fn: Any, args: list[Value]) -> Value:
     return _dunder(tx, fn, args)
 
 
+def same_value(tx: Translator, a: Value, b: Value) -> bool:
+    """`a == b` as a Python bool, identity first (what containers and groupby compare)."""
+    return a is b or apply(tx, operator.eq, [a, b]).truth(tx)
+
+
 def _identity(fn: Any, a: Value, b: Value) -> Value:
     if a.is_constant() and b.is_constant() and not isinstance(a, SequenceValue | DictValue):
         same = a.as_constant() is b.as_constant()
@@ -114,12 +125,14 @@ def _contains(tx: Translator, container: Value, item: Value) -> Value:
         if isinstance(container, TensorValue):
             raise Unsupported(BreakReason.DATA_DEPENDENT_BRANCH, "`in` on a tensor")
         return ConstantValue(any(v is item for v in container.iterate(tx)))
+    if isinstance(container, IteratorValue):  # pulls up to the first match, as Python does
+        while (v := container.next(tx)) is not None:
+            if same_value(tx, v, item):
+                return ConstantValue(True)
+        return ConstantValue(False)
     if container.is_constant() and item.is_constant():
         return ConstantValue(item.as_constant() in container.as_constant())
-    for v in container.iterate(tx):
-        if v is item or apply(tx, operator.eq, [v, item]).truth(tx):
-            return ConstantValue(True)
-    return ConstantValue(False)
+    return ConstantValue(any(same_value(tx, v, item) for v in container.iterate(tx)))
 
 
 def _own_contains(cls: type) -> bool:
@@ -159,7 +172,7 @@ def _containers(tx: Translator, fn: Any, args: list[Value]) -> Value | None:
         and fn in (operator.eq, operator.ne)
     ):
         equal = len(a.items) == len(b.items) and all(
-            x is y or apply(tx, operator.eq, [x, y]).truth(tx) for x, y in zip(a.items, b.items)
+            same_value(tx, x, y) for x, y in zip(a.items, b.items)
         )
         return ConstantValue(equal if fn is operator.eq else not equal)
     if a.is_constant() and b.is_constant():

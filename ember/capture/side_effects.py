@@ -24,11 +24,18 @@ class SideEffects:
         self._globals: dict[tuple[int, str], tuple[dict, str, Value]] = {}
         self._cells: dict[int, tuple[Any, Value]] = {}
         self.version = 0
+        self.advances = 0
         """Counts every recorded mutation, also of objects made during capture, so a graph
         break can tell whether a failed instruction had already changed Python state."""
 
     def touch(self) -> None:
         self.version += 1
+
+    def advance(self) -> None:
+        """An iterator made during capture was pulled: a change to restore points (the
+        version) that is not a side effect a user could see (`advances` counts them)."""
+        self.version += 1
+        self.advances += 1
 
     # recording (and reading back: the ledger is the truth during capture)
     def store_attr(self, obj: Value, name: str, value: Value) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import itertools
 import math
 import operator
 import weakref
@@ -188,22 +187,6 @@ def _range(tx, args, kwargs):
     return ConstantValue(range(*(a.as_constant() for a in args)))
 
 
-@handles(enumerate)
-def _enumerate(tx, args, kwargs):
-    start = (args[1] if len(args) > 1 else kwargs.get("start", ConstantValue(0))).as_constant()
-    items = args[0].iterate(tx)
-    return IteratorValue([TupleValue([ConstantValue(i + start), v]) for i, v in enumerate(items)])
-
-
-@handles(zip)
-def _zip(tx, args, kwargs):
-    columns = [a.iterate(tx) for a in args]
-    strict = kwargs.get("strict", ConstantValue(False)).as_constant()
-    if strict and len({len(c) for c in columns}) > 1:
-        raise Unsupported(BreakReason.EXCEPTION_RAISED, "zip(strict=True) lengths differ")
-    return IteratorValue([TupleValue(list(row)) for row in zip(*columns)])
-
-
 @handles(reversed)
 def _reversed(tx, args, kwargs):
     return IteratorValue(list(reversed(args[0].iterate(tx))))
@@ -219,7 +202,7 @@ def _next(tx, args, kwargs):
     it = args[0]
     if not isinstance(it, IteratorValue):
         raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"next() on {it.describe()}")
-    value = it.next()
+    value = it.next(tx)
     if value is None:
         if len(args) > 1:
             return args[1]
@@ -334,28 +317,15 @@ def _sum(tx, args, kwargs):
 
 
 def _any_all(fn: Any) -> Handler:
-    def handler(tx, args, kwargs):
-        return ConstantValue(fn(v.truth(tx) for v in args[0].iterate(tx)))
+    def handler(tx, args, kwargs):  # stops at the first deciding item, as Python does
+        iterator = iterator_over(tx, args[0])
+        return ConstantValue(fn(v.truth(tx) for v in iter(lambda: iterator.next(tx), None)))
 
     return handler
 
 
 BUILTINS[any] = _any_all(any)
 BUILTINS[all] = _any_all(all)
-
-
-@handles(map)
-def _map(tx, args, kwargs):
-    fn, columns = args[0], [a.iterate(tx) for a in args[1:]]
-    return IteratorValue([fn.call(tx, list(row), {}) for row in zip(*columns)])
-
-
-@handles(filter)
-def _filter(tx, args, kwargs):
-    fn, items = args[0], args[1].iterate(tx)
-    if fn.is_constant() and fn.as_constant() is None:
-        return IteratorValue([v for v in items if v.truth(tx)])
-    return IteratorValue([v for v in items if fn.call(tx, [v], {}).truth(tx)])
 
 
 @handles(sorted)
@@ -419,18 +389,6 @@ def _reduce(tx, args, kwargs):
     for item in rest:
         total = fn.call(tx, [total, item], {})
     return total
-
-
-@handles(itertools.chain)
-def _chain(tx, args, kwargs):
-    return IteratorValue([v for a in args for v in a.iterate(tx)])
-
-
-@handles(itertools.product)
-def _product(tx, args, kwargs):
-    repeat = kwargs.get("repeat", ConstantValue(1)).as_constant()
-    columns = [a.iterate(tx) for a in args] * repeat
-    return IteratorValue([TupleValue(list(row)) for row in itertools.product(*columns)])
 
 
 @handles(collections.OrderedDict)
@@ -583,3 +541,6 @@ def _object_new(tx, args, kwargs):
     ):  # a builtin base (dict, list, ...) is not modelled here
         raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"object.__new__({cls.__qualname__})")
     return UserObjectValue(cls)
+
+
+from ember.capture.values import iteration  # noqa: E402, F401  (registers map, zip, ...)

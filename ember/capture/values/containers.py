@@ -406,7 +406,10 @@ class SliceValue(Value):
 
 
 class IteratorValue(Value):
-    """An iterator over a list of values, materialized when the loop starts (unrolling)."""
+    """An iterator over a list of values (a list's own item list, or a snapshot). Iterators
+    that compute their items when pulled (map, filter, zip, generators, itertools) are in
+    values/iterators.py; all share this protocol: `next(tx)` is the next item or None at the
+    end, `iterate(tx)` pulls the rest, and `items[position:]` is what is left once pulled."""
 
     def __init__(self, items: list[Value], returned: Value | None = None) -> None:
         self.items = items
@@ -417,7 +420,10 @@ class IteratorValue(Value):
     def describe(self) -> str:
         return "iterator"
 
-    def next(self) -> Value | None:
+    def truth(self, tx: Translator) -> bool:
+        return True  # no __len__ or __bool__: always true
+
+    def next(self, tx: Translator) -> Value | None:
         if self.position >= len(self.items):
             return None
         self.position += 1

@@ -299,7 +299,7 @@ class DictViewValue(Value):
         return [self.mapping]
 
     def contains(self, tx: Translator, item: Value) -> bool:
-        from ember.capture.operators import apply
+        from ember.capture.operators import same_value
 
         if self.kind == "keys":
             return self.mapping.contains(item)
@@ -307,11 +307,8 @@ class DictViewValue(Value):
             pair = item.iterate(tx) if isinstance(item, TupleValue) else None
             if pair is None or len(pair) != 2 or not self.mapping.contains(pair[0]):
                 return False
-            stored = self.mapping.getitem(tx, pair[0])
-            return stored is pair[1] or apply(tx, operator.eq, [stored, pair[1]]).truth(tx)
-        return any(
-            v is item or apply(tx, operator.eq, [v, item]).truth(tx) for v in self.iterate(tx)
-        )
+            return same_value(tx, self.mapping.getitem(tx, pair[0]), pair[1])
+        return any(same_value(tx, v, item) for v in self.iterate(tx))
 
     def getattr(self, tx: Translator, name: str) -> Value:
         from ember.capture.values.functions import MethodValue

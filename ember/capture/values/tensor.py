@@ -234,6 +234,8 @@ def tensor_op(
     ex_args = [example_arg(a) for a in args]
     ex_kwargs = {k: example_arg(v) for k, v in kwargs.items()}
     name = target if isinstance(target, str) else getattr(target, "__name__", repr(target))
+    inputs = _tensor_values([*args, *kwargs.values()])
+    versions = [t.example._version for t in inputs]
     try:
         result = run_on_meta(kind, target, ex_args, ex_kwargs)
     except Unsupported:
@@ -251,7 +253,8 @@ def tensor_op(
     node_args = tuple(graph_arg(a) for a in args)
     node_kwargs = {k: graph_arg(v) for k, v in kwargs.items()}
     node = tx.ctx.out.create_node(kind, target, node_args, node_kwargs)
-    inputs = _tensor_values([*args, *kwargs.values()])
+    if any(t.example._version != v for t, v in zip(inputs, versions)):
+        tx.ctx.effects.touch()  # wrote to a tensor: a side effect, as a list append is
     device = result_device(kind, target, ex_args, ex_kwargs, [t.device for t in inputs])
     return wrap_result(tx, node, result, device, inputs)
 
