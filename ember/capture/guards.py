@@ -32,7 +32,7 @@ class GuardKind(enum.Enum):
     NONE_MATCH = "value is None"
     SAME_OBJECT = "two sources hold the same tensor"
     GRAD_MODE = "torch.is_grad_enabled()"
-    NO_HOOKS = "module has no forward hooks"
+    NO_HOOKS = "module has no forward or backward hooks"
     MISSING_ATTR = "an attribute the trace found missing (hasattr, getattr default) stays so"
     DICT_CONTAINS = "a key the trace looked up in a dict is still present (or still absent)"
 
@@ -98,8 +98,10 @@ def _dict_keys(g: Guard, scope: GuardScope) -> list[str]:
 def _no_hooks(g: Guard, scope: GuardScope) -> list[str]:
     e = g.source.expr(scope)
     return [
-        f"not ({e}._forward_hooks or {e}._forward_pre_hooks)",
-        "not (___hooks._global_forward_hooks or ___hooks._global_forward_pre_hooks)",
+        f"not ({e}._forward_hooks or {e}._forward_pre_hooks or {e}._backward_hooks"
+        f" or {e}._backward_pre_hooks)",
+        "not (___hooks._global_forward_hooks or ___hooks._global_forward_pre_hooks"
+        " or ___hooks._global_backward_hooks or ___hooks._global_backward_pre_hooks)",
     ]
 
 

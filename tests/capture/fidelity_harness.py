@@ -86,14 +86,14 @@ def check(
     eager_frames: int = 0,
     compare_args: bool = True,
     dynamo: bool = True,
-    compiled: Callable[..., Any] | None = None,
+    backend: str = "eager",
+    fullgraph: bool = False,
 ) -> Counts:
     """Differential check of `fn` against eager, then of ember's capture against Dynamo's.
     Returns ember's counts (of the first run) for further assertions."""
     ember.reset()
-    counter = CompileCounter()
-    if compiled is None:
-        compiled = ember.compile(fn, backend=counter)
+    counter = CountingBackend(backend)
+    compiled = ember.compile(fn, backend=counter, fullgraph=fullgraph)
     counts = None
     for run in range(2):
         expected = _run(fn, make, state, reset)
@@ -125,6 +125,20 @@ def compare_with_dynamo(ours: Counts, theirs: Counts) -> None:
         assert ours.breaks <= theirs.breaks, text
     else:
         assert ours.ops >= theirs.ops, text
+
+
+class CountingBackend(CompileCounter):
+    """Counts graphs like CompileCounter and compiles them with a named ember backend."""
+
+    def __init__(self, backend: str) -> None:
+        super().__init__()
+        from ember.backends import lookup
+
+        self.backend = lookup(backend)
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
+        super().__call__(gm, example_inputs)
+        return self.backend(gm, example_inputs)
 
 
 def tensors(*shapes: tuple[int, ...]) -> Callable[[], tuple]:

@@ -22,6 +22,7 @@ import torch
 from ember.capture.guards import GuardKind
 from ember.capture.sources import AttrSource, ConstSource, ItemSource, Source
 from ember.capture.values.base import ConstantValue, Value
+from ember.capture.values.compiler import is_allowed_in_graph, register_dynamo_functions
 from ember.capture.values.containers import DictValue, ListValue, TupleValue
 from ember.capture.values.functions import (
     BoundMethodValue,
@@ -231,8 +232,11 @@ class ValueBuilder:
         if isinstance(value, types.FunctionType):
             from ember.capture.values.builtins import BUILTINS
 
+            register_dynamo_functions(BUILTINS)
             if value in BUILTINS:  # Python functions modelled directly (dataclasses.fields)
                 return BuiltinValue(value)
+        if callable(value) and is_allowed_in_graph(value):
+            return TorchFunctionValue(value)
         if isinstance(value, types.FunctionType) and not _is_torch_function(value):
             return UserFunctionValue(value)
         if _is_torch_function(value):

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ember.capture.values import compiler
 from ember.capture.values.base import ConstantValue, MissingAttribute, Value, all_constant
 from ember.capture.values.containers import (
     DictValue,
@@ -542,5 +543,7 @@ def _object_new(tx, args, kwargs):
         raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"object.__new__({cls.__qualname__})")
     return UserObjectValue(cls)
 
+
+compiler.register(BUILTINS)
 
 from ember.capture.values import iteration  # noqa: E402, F401  (registers map, zip, ...)

@@ -48,12 +48,16 @@ class UserFunctionValue(Value):
         return self.fn
 
     def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        from ember.capture.values.compiler import is_constant_result, is_disabled
+
         fn = self.fn
-        if getattr(fn, "_ember_disabled", False):
+        if is_disabled(fn):
             raise Unsupported(
                 BreakReason.UNSUPPORTED_CALL,
-                f"{self.describe()} is marked ember.disable: it runs in Python",
+                f"{self.describe()} is marked disable: it runs in Python",
             )
+        if is_constant_result(fn):
+            return _constant_result(tx, fn, args, kwargs)
         defaults = tuple(tx.ctx.builder.wrap_const(d) for d in (fn.__defaults__ or ()))
         kwdefaults = {k: tx.ctx.builder.wrap_const(v) for k, v in (fn.__kwdefaults__ or {}).items()}
         closure = [
@@ -77,6 +81,24 @@ class UserFunctionValue(Value):
         if self.source is not None:
             return super().reconstruct(em)
         em.cg.load_const(self.fn)
+
+
+def _constant_result(tx: Translator, fn: Any, args: list[Value], kwargs: dict) -> Value:
+    """assume_constant_result: called now, on constants; its result is baked in unguarded."""
+    if not all_constant(args) or not all_constant(list(kwargs.values())):
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_CALL,
+            f"{_name(fn)} (assume_constant_result) called with values known only at run time",
+        )
+    try:
+        result = fn(
+            *(a.as_constant() for a in args), **{k: v.as_constant() for k, v in kwargs.items()}
+        )
+    except Exception as exc:
+        raise Unsupported(
+            BreakReason.EXCEPTION_RAISED, f"{_name(fn)} raised {type(exc).__name__}: {exc}"
+        ) from exc
+    return tx.ctx.builder.wrap_const(result)
 
 
 _FUNCTION_CONSTANT_ATTRS = frozenset(

@@ -131,23 +131,9 @@ class ModuleValue(Value):
         tx.ctx.effects.store_attr(self, name, value)
 
     def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
-        from ember.capture.guards import GuardKind
+        from ember.capture.values.modules import call_module
 
-        m = self.module
-        hooks = torch.nn.modules.module
-        if (
-            m._forward_hooks
-            or m._forward_pre_hooks
-            or hooks._global_forward_hooks
-            or hooks._global_forward_pre_hooks
-        ):
-            raise Unsupported(
-                BreakReason.UNSUPPORTED_CALL,
-                f"{self.describe()} has forward hooks",
-                hint="remove the hooks or compile the module without them",
-            )
-        tx.ctx.guards.add(GuardKind.NO_HOOKS, self.source)
-        return self.getattr(tx, "forward").call(tx, args, kwargs)
+        return call_module(tx, self, args, kwargs)
 
     def _children(self, tx: Translator) -> list[tuple[Any, torch.nn.Module]]:
         """The items of a container module; the trace now depends on which there are."""
@@ -173,14 +159,13 @@ class ModuleValue(Value):
         return len(self._children(tx))
 
     def getitem(self, tx: Translator, key: Value) -> Value:
-        from ember.capture.values.containers import ListValue
-
         k = key.as_constant()
-        if isinstance(k, slice):  # layers[1:]: the selected children, iterable and indexable
-            children = self._children(tx)
-            return ListValue(
-                [tx.ctx.builder.wrap(c, self._child_source(i)) for i, c in children[k]]
-            )
+        if isinstance(k, slice) and isinstance(self.module, _SLICEABLE):
+            from ember.capture.values.modules import slice_container
+
+            children = self._children(tx)[k]
+            wrapped = [tx.ctx.builder.wrap(c, self._child_source(i)) for i, c in children]
+            return slice_container(self, k, wrapped)
         children = dict(self._children(tx))
         if isinstance(k, int) and k < 0:
             k += len(children)
@@ -200,6 +185,9 @@ class ModuleValue(Value):
 
     def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
         return self.getattr(tx, name).call(tx, args, kwargs)
+
+
+_SLICEABLE = (torch.nn.Sequential, torch.nn.ModuleList)
 
 
 class UserObjectValue(Value):
@@ -469,9 +457,9 @@ class ClassValue(Value):
         if issubclass(cls, BaseException):
             raise Unsupported(BreakReason.EXCEPTION_RAISED, f"constructing {cls.__name__}")
         if issubclass(cls, torch.nn.Module):
-            raise Unsupported(
-                BreakReason.UNSUPPORTED_CALL, f"creating module {cls.__name__} inside the trace"
-            )
+            from ember.capture.values.modules import construct_module
+
+            return construct_module(tx, cls, args, kwargs)
         if issubclass(cls, dict):
             return _construct_dict_object(tx, cls, args, kwargs)
         if cls.__new__ is not object.__new__ or not isinstance(cls.__init__, types.FunctionType):
