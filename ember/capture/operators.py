@@ -98,6 +98,19 @@ def same_value(tx: Translator, a: Value, b: Value) -> bool:
     return a is b or apply(tx, operator.eq, [a, b]).truth(tx)
 
 
+def less_than(tx: Translator, a: Value, b: Value) -> bool:
+    """`a < b` as a Python bool, the way sorting asks: sequences compare item by item up
+    to the first that differs, so only the items that decide are compared."""
+    if a.is_constant() and b.is_constant():
+        return apply(tx, operator.lt, [a, b]).as_constant()
+    if isinstance(a, SequenceValue) and isinstance(b, SequenceValue):
+        for x, y in zip(a.items, b.items):
+            if not same_value(tx, x, y):
+                return less_than(tx, x, y)
+        return len(a.items) < len(b.items)
+    return apply(tx, operator.lt, [a, b]).truth(tx)
+
+
 def _identity(fn: Any, a: Value, b: Value) -> Value:
     if a.is_constant() and b.is_constant() and not isinstance(a, SequenceValue | DictValue):
         same = a.as_constant() is b.as_constant()

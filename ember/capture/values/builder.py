@@ -13,6 +13,7 @@ import dataclasses
 import enum
 import functools
 import os
+import sys
 import types
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,7 @@ import torch
 from ember.capture.guards import GuardKind
 from ember.capture.sources import AttrSource, ConstSource, ItemSource, Source
 from ember.capture.values.base import ConstantValue, Value
+from ember.capture.values.callables import getter_value
 from ember.capture.values.compiler import is_allowed_in_graph, register_dynamo_functions
 from ember.capture.values.containers import DictValue, ListValue, TupleValue
 from ember.capture.values.functions import (
@@ -32,7 +34,6 @@ from ember.capture.values.functions import (
     UserFunctionValue,
 )
 from ember.capture.values.objects import (
-    ClassValue,
     GradModeValue,
     ModuleValue,
     PyModuleValue,
@@ -61,7 +62,11 @@ _CONSTANT_TYPES = (
     range,
     torch.Size,
     types.CodeType,
+    *((sys.modules["numpy"].generic, sys.modules["numpy"].dtype) if "numpy" in sys.modules else ()),
 )
+
+_SINGLETON_TYPES = (enum.Enum, dataclasses.Field)
+"""Immutable in practice and compared by identity: enum members, a dataclass's fields."""
 
 _KEY_TYPES = (str, int, float, type(None), type, types.FunctionType, enum.Enum, torch.nn.Module)
 """Keys of an outside dict that ember can stand for: constants compared by value (in the key
@@ -103,6 +108,7 @@ class ValueBuilder:
     def __init__(self, ctx: CaptureContext) -> None:
         self.ctx = ctx
         self._by_id: dict[int, Value] = {}
+        self._classes: dict[type, Value] = {}
 
     def wrap(self, value: Any, source: Source) -> Value:
         """A guarded symbolic value for an object reached through `source`."""
@@ -123,6 +129,9 @@ class ValueBuilder:
         if isinstance(value, _CONSTANT_TYPES):
             guards.add(GuardKind.EQUALS_MATCH, source, value)
             return ConstantValue(value, source)
+        if isinstance(value, _SINGLETON_TYPES):  # members are unique: the identity says all
+            guards.add(GuardKind.ID_MATCH, source, value)
+            return ConstantValue(value, source)
         if isinstance(value, tuple):
             guards.add(GuardKind.LENGTH_MATCH, source, (type(value), len(value)))
             items = [self.wrap(v, ItemSource(source, i)) for i, v in enumerate(value)]
@@ -133,10 +142,17 @@ class ValueBuilder:
             return ListValue(
                 [self.wrap(v, ItemSource(source, i)) for i, v in enumerate(value)], source
             )
-        if isinstance(value, dict):
+        if isinstance(value, dict | types.MappingProxyType):
             result = self._wrap_dict(value, source)
             if result is not None:
                 return result
+        if type(value) is collections.deque:
+            from ember.capture.values.collection_types import DequeValue
+
+            guards.add(GuardKind.LENGTH_MATCH, source, (collections.deque, len(value)))
+            guards.add(GuardKind.EQUALS_MATCH, AttrSource(source, "maxlen"), value.maxlen)
+            items = [self.wrap(v, ItemSource(source, i)) for i, v in enumerate(value)]
+            return DequeValue(items, value.maxlen, source)
         if value is os.environ:
             return self._wrap_environ(source)
         if isinstance(value, torch.nn.Module):
@@ -171,7 +187,14 @@ class ValueBuilder:
                 return None
         self.ctx.guards.add(GuardKind.DICT_KEYS, source, (cls, list(value)))
         items = {keys[k]: self.wrap(v, ItemSource(source, k)) for k, v in value.items()}
-        return DictValue(items, source, dict_type=cls)
+        if cls is collections.defaultdict:
+            from ember.capture.values.collection_types import DefaultDictValue
+
+            factory = self.wrap(value.default_factory, AttrSource(source, "default_factory"))
+            return DefaultDictValue(items, factory, source)
+        result = DictValue(items, source, dict_type=cls)
+        result.read_only = cls is types.MappingProxyType
+        return result
 
     def _wrap_environ(self, source: Source) -> Value:
         """os.environ as a dict of its entries: its Mapping methods (`get`, `in`) catch the
@@ -219,7 +242,16 @@ class ValueBuilder:
                 k: self.wrap(v, ItemSource(AttrSource(source, "keywords"), k))
                 for k, v in value.keywords.items()
             }
-            return PartialValue(fn, args, kwargs)
+            return PartialValue(fn, args, kwargs, source, value)
+        if isinstance(value, functools._lru_cache_wrapper):
+            # lru_cache / cache: the wrapped function is inlined (as Dynamo does); the cache
+            # itself is skipped, which only a function with side effects could tell
+            guards.add(GuardKind.ID_MATCH, source, value)
+            return self.wrap(value.__wrapped__, AttrSource(source, "__wrapped__"))
+        getter = getter_value(value)
+        if getter is not None:
+            guards.add(GuardKind.ID_MATCH, source, value)
+            return getter
         if hasattr(value, "__dict__") and not isinstance(value, type):
             guards.add(GuardKind.TYPE_MATCH, source, type(value))
             return UserObjectValue(type(value), source, value)
@@ -264,14 +296,23 @@ class ValueBuilder:
 
             if value in BUILTINS:
                 return BuiltinValue(value)
-            return ClassValue(value)
+            return self.class_value(value)
         if isinstance(value, types.ModuleType):
             return PyModuleValue(value)
         return None
 
+    def class_value(self, cls: type) -> Value:
+        """The one value of `cls` in this capture (class attribute writes are kept on it)."""
+        from ember.capture.values.classes import ClassValue
+
+        value = self._classes.get(cls)
+        if value is None:
+            value = self._classes[cls] = ClassValue(cls)
+        return value
+
     def wrap_const(self, value: Any) -> Value:
         """A value the trace produced itself (folded results, defaults, module attributes)."""
-        if isinstance(value, _CONSTANT_TYPES):
+        if isinstance(value, _CONSTANT_TYPES + _SINGLETON_TYPES):
             return ConstantValue(value)
         if isinstance(value, torch.Tensor):
             return self.wrap(value, ConstSource(value, f"constant tensor {id(value):#x}"))

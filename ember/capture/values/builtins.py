@@ -10,8 +10,10 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import heapq
 import math
 import operator
+import sys
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -80,6 +82,7 @@ _PURE_BUILTINS = {
     isinstance,
     issubclass,
     callable,
+    sys.intern,
 }
 
 
@@ -331,22 +334,39 @@ BUILTINS[all] = _any_all(all)
 
 @handles(sorted)
 def _sorted(tx, args, kwargs):
-    """Sorted by constant keys (the items may be anything: `sorted(d.items(), key=...)`)."""
-    items = args[0].iterate(tx)
+    """Python's own sort over the keys, each `<` decided on the values (a tuple key compares
+    as far as its first differing item: `(1, tensor) < (2, tensor)` needs no tensor)."""
+    from ember.capture.operators import less_than
+
+    items = iterator_over(tx, args[0]).iterate(tx)
     key_fn = kwargs.get("key")
     if key_fn is not None and not (key_fn.is_constant() and key_fn.as_constant() is None):
         keys = [key_fn.call(tx, [item], {}) for item in items]
     else:
         keys = items
-    if not all_constant(keys):
-        raise Unsupported(
-            BreakReason.DATA_DEPENDENT_BRANCH,
-            "sorted() compares values only known at run time",
-            hint="sort by a Python key (a name, a shape), or use torch.sort",
-        )
     reverse = kwargs.get("reverse", ConstantValue(False)).as_constant()
-    order = sorted(range(len(items)), key=lambda i: keys[i].as_constant(), reverse=reverse)
+    order = sorted(
+        range(len(items)),
+        key=functools.cmp_to_key(lambda i, j: -1 if less_than(tx, keys[i], keys[j]) else 0),
+        reverse=reverse,
+    )
     return ListValue([items[i] for i in order])
+
+
+def _n_extremes(largest: bool) -> Handler:
+    """heapq.nlargest / nsmallest, documented as `sorted(iterable, key=key,
+    reverse=largest)[:n]` (their C heap helpers aside)."""
+
+    def handler(tx, args, kwargs):
+        n = args[0].as_constant()
+        ordered = _sorted(tx, [args[1]], {**kwargs, "reverse": ConstantValue(largest)})
+        return ListValue(ordered.items[:n])
+
+    return handler
+
+
+BUILTINS[heapq.nlargest] = _n_extremes(True)
+BUILTINS[heapq.nsmallest] = _n_extremes(False)
 
 
 @handles(pow)
@@ -375,6 +395,18 @@ def _fold_constructor(cls: type) -> Handler:
 
 
 for _cls in (torch.finfo, torch.iinfo, torch.Size, torch.device):
+    BUILTINS[_cls] = _fold_constructor(_cls)
+
+
+def _numpy_constructors() -> list[Any]:
+    """numpy's dtype queries and scalar types, when numpy is there (torch loads it)."""
+    np = sys.modules.get("numpy")
+    if np is None:
+        return []
+    return [np.finfo, np.iinfo, np.dtype, *sorted(set(np.sctypeDict.values()), key=str)]
+
+
+for _cls in _numpy_constructors():
     BUILTINS[_cls] = _fold_constructor(_cls)
 
 
@@ -546,4 +578,9 @@ def _object_new(tx, args, kwargs):
 
 compiler.register(BUILTINS)
 
-from ember.capture.values import iteration  # noqa: E402, F401  (registers map, zip, ...)
+from ember.capture.values import (  # noqa: E402, F401  (they register their handlers)
+    callables,
+    classes,
+    collection_types,
+    iteration,
+)

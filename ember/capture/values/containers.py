@@ -7,16 +7,28 @@ outside (it has a source) is recorded in the side-effect ledger and replayed aft
 
 from __future__ import annotations
 
+import collections
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ember.capture.values.base import ConstantValue, Value, all_constant
+from ember.capture.values.base import ConstantValue, MissingAttribute, Value, all_constant
 from ember.errors import BreakReason, Unsupported
 
 if TYPE_CHECKING:
     from ember.capture.codegen import Emitter
     from ember.capture.translator import Translator
+
+
+_DICT_WRITES = frozenset(
+    ["update", "setdefault", "pop", "popitem", "clear", "move_to_end", "__setitem__"]
+)
+
+
+def _flag(args: list[Value], kwargs: dict, index: int, name: str, default: bool) -> bool:
+    if len(args) > index:
+        return args[index].as_constant()
+    return kwargs[name].as_constant() if name in kwargs else default
 
 
 def _index(tx: Translator, key: Value) -> Any:
@@ -76,10 +88,22 @@ class SequenceValue(Value):
 
     def getattr(self, tx: Translator, name: str) -> Value:
         from ember.capture.values.functions import MethodValue
+        from ember.capture.values.objects import _class_attribute
 
-        if hasattr(self.python_type(), name):
+        cls = self.python_type()
+        if cls not in (list, tuple) and _defined_in_python(cls, name):
+            return _class_attribute(tx, self, cls, name, None)  # a subclass's own method
+        if hasattr(cls, name):
             return MethodValue(self, name)
-        return super().getattr(tx, name)
+        raise MissingAttribute(f"{cls.__name__!r} object has no attribute {name!r}")
+
+
+def _defined_in_python(cls: type, name: str) -> bool:
+    """`name` comes from a class statement (a subclass of a builtin), not from C."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return bool(klass.__flags__ & (1 << 9))  # Py_TPFLAGS_HEAPTYPE
+    return False
 
 
 class TupleValue(SequenceValue):
@@ -100,9 +124,13 @@ class TupleValue(SequenceValue):
         return tuple(values)
 
     def getattr(self, tx: Translator, name: str) -> Value:
+        from ember.capture.values.functions import MethodValue
+
         fields = getattr(self.struct_type, "_fields", None) or _return_type_fields(self.struct_type)
         if fields and name in fields:
             return self.items[fields.index(name)]
+        if fields and name in ("_replace", "_asdict"):  # modelled in call_method
+            return MethodValue(self, name)
         return super().getattr(tx, name)
 
     def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
@@ -148,11 +176,14 @@ def _return_type_fields(struct: type | None) -> tuple[str, ...] | None:
 
 
 class ListValue(SequenceValue):
+    list_type: type = list
+    """A subclass of list that keeps list's construction (its Python methods are inlined)."""
+
     def describe(self) -> str:
         return f"list of {len(self.items)}"
 
     def python_type(self) -> type:
-        return list
+        return self.list_type
 
     def _mutate(self, tx: Translator) -> None:
         tx.ctx.effects.mutated(self)
@@ -191,7 +222,7 @@ class ListValue(SequenceValue):
             self._mutate(tx)
             items.reverse()
         elif name == "copy":
-            return ListValue(items)
+            return ListValue(items)  # list.copy makes a plain list, also for a subclass
         elif name == "sort" and self.is_constant():
             self._mutate(tx)
             kw = {k: v.as_constant() for k, v in kwargs.items()}
@@ -215,9 +246,14 @@ class ListValue(SequenceValue):
     def reconstruct(self, em: Emitter) -> None:
         if self.source is not None:
             return super().reconstruct(em)
+        if self.list_type is not list:
+            em.cg.push_null()
+            em.cg.load_const(self.list_type)
         for item in self.items:
             em.reconstruct(item)
         em.cg.build("LIST", len(self.items))
+        if self.list_type is not list:
+            em.cg.call(1)
 
 
 class IdentityKey:
@@ -276,6 +312,8 @@ class DictValue(Value):
         self.items = dict(items)
         self.source = source
         self.dict_type = dict_type
+        self.read_only = False
+        """A types.MappingProxyType: items are read, never written."""
 
     def describe(self) -> str:
         return f"dict of {len(self.items)}"
@@ -315,17 +353,26 @@ class DictValue(Value):
         return self._key(key) in self.items
 
     def setitem(self, tx: Translator, key: Value, value: Value) -> None:
+        self._writable()
         tx.ctx.effects.mutated(self)
         self.items[self._key(key)] = value
 
     def delitem(self, tx: Translator, key: Value) -> None:
+        self._writable()
         tx.ctx.effects.mutated(self)
         del self.items[self._key(key)]
+
+    def _writable(self) -> None:
+        if self.read_only:
+            raise Unsupported(
+                BreakReason.EXCEPTION_RAISED,
+                f"TypeError: {self.dict_type.__name__!r} object does not support item assignment",
+            )
 
     def getattr(self, tx: Translator, name: str) -> Value:
         from ember.capture.values.functions import MethodValue
 
-        if hasattr(dict, name):
+        if hasattr(self.dict_type, name):
             return MethodValue(self, name)
         return super().getattr(tx, name)
 
@@ -335,6 +382,11 @@ class DictValue(Value):
         items = self.items
         if name in ("keys", "values", "items"):
             return DictViewValue(self, name)
+        if self.read_only and name in _DICT_WRITES:
+            raise Unsupported(
+                BreakReason.EXCEPTION_RAISED,
+                f"AttributeError: {self.dict_type.__name__!r} object has no attribute {name!r}",
+            )
         if name == "get":
             default = args[1] if len(args) > 1 else ConstantValue(None)
             return items.get(self._key(args[0]), default)
@@ -345,13 +397,7 @@ class DictValue(Value):
         tx.ctx.effects.mutated(self)
         if name == "update":
             if args:
-                other = args[0]
-                pairs = (
-                    other.items.items()
-                    if isinstance(other, DictValue)
-                    else [tuple(p.iterate(tx)) for p in other.iterate(tx)]
-                )
-                for k, v in pairs:
+                for k, v in _pairs(tx, args[0]):
                     items[k if not isinstance(k, Value) else self._key(k)] = v
             items.update(kwargs)
             return ConstantValue(None)
@@ -368,7 +414,32 @@ class DictValue(Value):
         if name == "clear":
             items.clear()
             return ConstantValue(None)
+        if name == "popitem":
+            return self._popitem(_flag(args, kwargs, 0, "last", True))
+        if name == "move_to_end" and issubclass(self.dict_type, collections.OrderedDict):
+            self._move_to_end(self._key(args[0]), _flag(args, kwargs, 1, "last", True))
+            return ConstantValue(None)
         raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"dict.{name}()")
+
+    def _popitem(self, last: bool) -> Value:
+        if not self.items:
+            raise Unsupported(
+                BreakReason.EXCEPTION_RAISED, "KeyError: popitem(): dictionary is empty"
+            )
+        key = next(reversed(self.items)) if last else next(iter(self.items))
+        return TupleValue([key_value(key), self.items.pop(key)])
+
+    def _move_to_end(self, key: Any, last: bool) -> None:
+        if key not in self.items:
+            raise Unsupported(BreakReason.EXCEPTION_RAISED, f"KeyError: {key!r}")
+        value = self.items.pop(key)
+        if last:
+            self.items[key] = value
+            return
+        rest = dict(self.items)  # the same dict object, reordered in place
+        self.items.clear()
+        self.items[key] = value
+        self.items.update(rest)
 
     def reconstruct(self, em: Emitter) -> None:
         if self.source is not None:
@@ -382,6 +453,26 @@ class DictValue(Value):
         em.cg.build("MAP", len(self.items))
         if self.dict_type is not dict:
             em.cg.call(1)
+
+
+def _pairs(tx: Translator, other: Value) -> Any:
+    """What `dict.update(other)` reads: a dict's items (also of a dict subclass that leaves
+    iteration alone, which CPython copies directly), a mapping's keys and `[]`, or pairs."""
+    from ember.capture.values.mappings import DictObjectValue
+    from ember.capture.values.objects import python_override
+
+    if isinstance(other, DictValue):
+        return other.items.items()
+    if isinstance(other, DictObjectValue) and python_override(other.cls, "__iter__") is None:
+        return other._items().items.items()
+    try:
+        is_mapping = hasattr(other.python_type(), "keys")
+    except Unsupported:
+        is_mapping = False
+    if is_mapping:
+        keys = other.getattr(tx, "keys").call(tx, [], {}).iterate(tx)
+        return [(k, other.getitem(tx, k)) for k in keys]
+    return [tuple(p.iterate(tx)) for p in other.iterate(tx)]
 
 
 class SliceValue(Value):

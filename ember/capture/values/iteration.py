@@ -8,6 +8,7 @@ build only tuples, which have no side effects, so their results are made up fron
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from typing import Any
 
@@ -187,3 +188,15 @@ for _make in (
     itertools.permutations,
 ):
     handles(_make)(_choices_for(_make))
+
+
+@handles(contextlib._GeneratorContextManager.__exit__)
+def _generator_context_exit(tx, args, kwargs):
+    """Leaving a `@contextlib.contextmanager` block normally: the generator runs on from
+    its yield and must end (contextlib's own code catches the StopIteration)."""
+    manager, exc_type = args[0], args[1] if len(args) > 1 else ConstantValue(None)
+    if not (exc_type.is_constant() and exc_type.as_constant() is None):
+        raise Unsupported(BreakReason.EXCEPTION_RAISED, "an exception leaving a contextmanager")
+    if iterator_over(tx, manager.getattr(tx, "gen")).next(tx) is not None:
+        raise Unsupported(BreakReason.EXCEPTION_RAISED, "RuntimeError: generator didn't stop")
+    return ConstantValue(False)
