@@ -43,6 +43,9 @@ def assert_same(
         )
         return
     assert type(actual) is type(expected), f"{path}: type {type(actual)} != {type(expected)}"
+    if type(expected).__module__ == "numpy" and type(expected).__name__ == "ndarray":
+        assert_same(torch.from_numpy(actual), torch.from_numpy(expected), path=path)
+        return
     if isinstance(expected, (list, tuple)):
         assert len(actual) == len(expected), f"{path}: length {len(actual)} != {len(expected)}"
         for i, (a, e) in enumerate(zip(actual, expected)):

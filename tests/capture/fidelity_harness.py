@@ -60,7 +60,9 @@ def _run(fn: Callable[..., Any], make: Callable[[], tuple], state, reset) -> tup
 
 
 def dynamo_counts(fn: Callable[..., Any], make: Callable[[], tuple], reset=None) -> Counts:
-    """What torch.compile captures of one call of `fn`."""
+    """What torch.compile captures of one call of `fn`. Dynamo counts a break under
+    "graph_break", or under "unimplemented" when it resumes at a jump (a branch on a
+    tensor); a frame it skips (runs eagerly) is one it did not finish ("frames")."""
     import torch._dynamo
     from torch._dynamo.utils import counters
 
@@ -71,7 +73,7 @@ def dynamo_counts(fn: Callable[..., Any], make: Callable[[], tuple], reset=None)
         reset()
     with contextlib.redirect_stdout(io.StringIO()):
         torch.compile(fn, backend=counter)(*make())
-    breaks = sum(counters["graph_break"].values())
+    breaks = sum(counters["graph_break"].values()) + sum(counters["unimplemented"].values())
     skipped = counters["frames"]["total"] - counters["frames"]["ok"]
     torch._dynamo.reset()
     return Counts(counter.frame_count, breaks, counter.op_count, skipped)

@@ -52,7 +52,7 @@ def p_partial_made_in_trace(x):
     return p(2.0), p.args[0] is x, p.keywords["bias"], p.func is _scale
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=8)
 def _cached_table(n):
     return tuple(range(n))
 
@@ -375,9 +375,8 @@ def test_class_attribute_write_is_replayed():
 
 
 def test_changed_default_argument_is_guarded():
-    from ember.testing import CompileCounter
-
     import ember
+    from ember.testing import CompileCounter
 
     counter = CompileCounter()
     compiled = ember.compile(p_default_argument, backend=counter)

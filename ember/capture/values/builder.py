@@ -255,9 +255,8 @@ class ValueBuilder:
         if hasattr(value, "__dict__") and not isinstance(value, type):
             guards.add(GuardKind.TYPE_MATCH, source, type(value))
             return UserObjectValue(type(value), source, value)
-        raise Unsupported(
-            BreakReason.UNSUPPORTED_OBJECT, f"object of type {type(value).__qualname__}"
-        )
+        guards.add(GuardKind.TYPE_MATCH, source, type(value))
+        return OpaqueValue(type(value), source)
 
     def _special(self, value: Any) -> Value | None:
         """Values identified by what they are: functions, classes, Python modules."""
@@ -374,6 +373,28 @@ class WeakRefValue(Value):
         em.cg.load_const(weakref.ref)
         em.reconstruct(self.referent)
         em.cg.call(1)
+
+
+class OpaqueValue(Value):
+    """An object ember cannot look into (a numpy array, a C extension's object, a
+    `__slots__` class): it can be held, passed and returned as it is; anything done to it
+    (an attribute, a call, a truth test) breaks the graph there and runs in Python."""
+
+    def __init__(self, cls: type, source: Source) -> None:
+        self.cls = cls
+        self.source = source
+
+    def describe(self) -> str:
+        return f"{self.cls.__module__}.{self.cls.__qualname__} object"
+
+    def python_type(self) -> type:
+        return self.cls  # pinned by the TYPE_MATCH guard
+
+    def getattr(self, tx: Any, name: str) -> Value:
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_OBJECT,
+            f"attribute {name!r} of {self.describe()}, an object ember cannot look into",
+        )
 
 
 class GradModeClassValue(Value):

@@ -148,6 +148,9 @@ class TensorValue(Value):
             kw = {k: v.as_constant() for k, v in kwargs.items()}
             result = getattr(self.example, name)(*constants(args), **kw)
             return ConstantValue(result)
+        if name == "type" and not args and not kwargs:  # the type's name, with the real device
+            probe = torch.empty(0, dtype=self.example.dtype, device=self.device)
+            return ConstantValue(probe.type())
         if name in _TO_PYTHON:
             raise Unsupported(
                 BreakReason.TENSOR_TO_PYTHON,
