@@ -21,6 +21,7 @@ from ember.capture import cache as frame_cache
 from ember.capture import stats as capture_stats
 from ember.capture.frame import capture_call
 from ember.capture.values.compiler import is_disabled
+from ember.capture.values.meta import clear_cache as clear_meta_cache
 from ember.capture.values.modules import has_hooks
 from ember.errors import BreakReason, Unsupported
 
@@ -53,9 +54,14 @@ class CompileOptions:
         self.options = dict(options or {})
 
 
-def _run_cached(fn: types.FunctionType, opts: CompileOptions, args: tuple, kwargs: dict) -> Any:
+def _run_cached(
+    fn: types.FunctionType,
+    opts: CompileOptions,
+    cache: frame_cache.FrameCache,
+    args: tuple,
+    kwargs: dict,
+) -> Any:
     """The slow path: no entry matched."""
-    cache = frame_cache.cache_for(fn.__code__, opts)
     if cache.eager_reason is not None:
         return fn(*args, **kwargs)
     limit = config.current().recompile_limit
@@ -92,7 +98,8 @@ def _run_cached(fn: types.FunctionType, opts: CompileOptions, args: tuple, kwarg
         capture_stats.record_break(exc)
         capture_stats.record_eager_frame()
         return fn(*args, **kwargs)
-    cache.entries.append(entry)
+    installed = (fn.__globals__, entry.compiled_name) if entry.compiled_name else None
+    cache.add(entry, installed)
     return entry.fn(*args, **kwargs)
 
 
@@ -106,7 +113,8 @@ def compile_function(fn: Callable[..., Any], opts: CompileOptions) -> Callable[.
     if is_disabled(fn):
         return fn
     original = getattr(fn, "_ember_original", fn)
-    entries = frame_cache.cache_for(original.__code__, opts).entries
+    cache = frame_cache.cache_for(original.__code__, opts)  # owned here, shared weakly
+    entries = cache.entries
 
     @functools.wraps(original)
     def compiled(*args: Any, **kwargs: Any) -> Any:
@@ -115,7 +123,7 @@ def compile_function(fn: Callable[..., Any], opts: CompileOptions) -> Callable[.
             for entry in entries:
                 if entry.guard.check(*args, **kwargs):
                     return entry.fn(*args, **kwargs)
-            return _run_cached(original, opts, args, kwargs)
+            return _run_cached(original, opts, cache, args, kwargs)
         except BaseException:
             # An exception leaving a `with no_grad()` block restores the grad mode in eager;
             # break code that ran the raising call inside such a block has no handler to.
@@ -229,6 +237,7 @@ def reset() -> None:
     counts of `stats()`."""
     frame_cache.reset()
     capture_stats.reset()
+    clear_meta_cache()
 
 
 def stats() -> dict[str, Any]:

@@ -164,8 +164,8 @@ class BreakSite:
     kw_names: tuple[str, ...]
     cells: dict[str, Value]
     """Contents of the frame's own cells (locals captured by nested functions)."""
-    make_resume: Callable[..., str]
-    """(target index, stack slots, local names) -> installed global name."""
+    make_resume: Callable[..., Callable[..., Any]]
+    """(target index, stack slots, local names) -> the compiled resume function."""
     wrap_callee: Callable[[Any], Any]
     """Wrap a user function so that, run in Python at the break, it is compiled by ember."""
     grad_mode: bool | None = None
@@ -329,13 +329,13 @@ def cell_temp(name: str) -> str:
 
 def _call_resume(
     cg: CodeBuilder,
-    name: str,
+    resume: Callable[..., Any],
     slots: list[StackSlot],
     local_names: list[str],
     cells: dict[str, Value] | None = None,
 ) -> None:
     cg.push_null()
-    cg.load_global(name)
+    cg.load_const(resume)
     count = 0
     for i, slot in enumerate(slots):
         if slot.kind is not Slot.NULL:

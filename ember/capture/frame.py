@@ -238,22 +238,17 @@ def _install_resume(
     slots: list[StackSlot],
     local_names: list[str],
     grad_mode: bool | None = None,
-) -> str:
+) -> Callable[..., Any]:
+    """The compiled resume function that break code calls (a constant of that code, so it
+    lives as long as the cache entry; resume functions of the same place share one cache)."""
     resume = make_resume_function(fn, target, slots, local_names, tracer.insts, grad_mode)
-    options = getattr(wrap, "keywords", {}).get("opts", wrap)
-    key = (resume, id(options))
-    name = _installed.get(key)
-    if name is None or name not in fn.__globals__:
-        name = _installed[key] = f"__resume_{next(_counter)}"
-        fn.__globals__[name] = _depth_limited(wrap(resume), resume)
-    return name
+    return _depth_limited(wrap(resume), resume)
 
 
 MAX_RESUME_DEPTH = 64
 """Resume functions called from resume functions (a loop whose every iteration breaks) nest
 Python frames; past this depth the rest runs as the plain resume function, in CPython,
 instead of exhausting the recursion limit."""
-_installed: dict[tuple[Any, int], str] = {}
 _depth = threading.local()
 
 
