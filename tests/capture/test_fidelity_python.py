@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import enum
 import functools
+import inspect
 import operator
 import sys
 import types
@@ -390,3 +391,33 @@ def test_changed_default_argument_is_guarded():
         _with_default.__defaults__ = saved
     assert compiled(x).tolist() == [2.0, 2.0]
     assert counter.frame_count == 2
+
+
+# introspection of functions and objects from outside
+
+
+def _chunk(hidden, mask=None):
+    return hidden * 2
+
+
+class _Layer:
+    def ff(self, hidden):
+        return hidden + 1
+
+
+LAYER = _Layer()
+VALIDATORS = {typing.Union: "union", list: "list", None: "none"}
+OPTIONAL_INT = typing.Union[int, None]  # noqa: UP007  (a typing form, as libraries use)
+
+
+def p_signature_id_and_identity_keys(x):
+    plain = len(inspect.signature(_chunk).parameters)
+    bound = list(inspect.signature(LAYER.ff).parameters)
+    same = id(LAYER) == id(LAYER) and id(_chunk) != id(LAYER)
+    kind = VALIDATORS.get(typing.get_origin(OPTIONAL_INT))
+    return x * plain, bound, same, kind, VALIDATORS.get(list)
+
+
+def test_signature_id_and_identity_keyed_dicts():
+    counts = check(p_signature_id_and_identity_keys, tensors((2,)))
+    assert counts.breaks == 0

@@ -9,6 +9,7 @@ rebuilt by `reconstruct` in the replacement bytecode.
 
 from __future__ import annotations
 
+import types
 from typing import TYPE_CHECKING, Any
 
 from ember.capture.sources import Source
@@ -135,7 +136,7 @@ class ConstantValue(Value):
         return len(self.value)
 
     def iterate(self, tx: Translator) -> list[Value]:
-        if isinstance(self.value, (str, bytes, range, frozenset, tuple)):
+        if isinstance(self.value, (str, bytes, range, frozenset, tuple, types.MappingProxyType)):
             return [ConstantValue(v) for v in self.value]
         return super().iterate(tx)
 

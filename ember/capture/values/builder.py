@@ -25,7 +25,7 @@ from ember.capture.sources import AttrSource, ConstSource, ItemSource, Source
 from ember.capture.values.base import ConstantValue, Value
 from ember.capture.values.callables import getter_value
 from ember.capture.values.compiler import is_allowed_in_graph, register_dynamo_functions
-from ember.capture.values.containers import DictValue, ListValue, TupleValue
+from ember.capture.values.containers import DictValue, ListValue, TupleValue, hashes_by_identity
 from ember.capture.values.functions import (
     BoundMethodValue,
     BuiltinValue,
@@ -109,6 +109,7 @@ class ValueBuilder:
         self.ctx = ctx
         self._by_id: dict[int, Value] = {}
         self._classes: dict[type, Value] = {}
+        self._real: dict[int, tuple[Value, Any]] = {}
 
     def wrap(self, value: Any, source: Source) -> Value:
         """A guarded symbolic value for an object reached through `source`."""
@@ -120,7 +121,14 @@ class ValueBuilder:
         result = self._wrap(value, source)
         if not isinstance(result, ConstantValue):
             self._by_id[id(value)] = result
+        self._real[id(result)] = (result, value)
         return result
+
+    def real_object(self, value: Value) -> Any | None:
+        """The object a value reached through a source stands for (None for one made by
+        the trace)."""
+        entry = self._real.get(id(value))
+        return entry[1] if entry is not None and entry[0] is value else None
 
     def _wrap(self, value: Any, source: Source) -> Value:
         guards = self.ctx.guards
@@ -181,7 +189,8 @@ class ValueBuilder:
         for k in value:
             if isinstance(k, _KEY_TYPES) and not isinstance(k, torch.nn.Module):
                 keys[k] = k
-            elif isinstance(k, torch.nn.Module):
+            elif isinstance(k, torch.nn.Module) or hashes_by_identity(type(k)):
+                # compared by identity (the key guard holds them): modules, typing forms
                 keys[k] = IdentityKey(self.wrap(k, ConstSource(k, f"key {type(k).__name__}")))
             else:
                 return None

@@ -14,6 +14,7 @@ import heapq
 import math
 import operator
 import sys
+import types
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -96,7 +97,19 @@ def is_pure(fn: Any) -> bool:
     owner = getattr(fn, "__self__", None)
     return isinstance(
         owner,
-        (str, int, float, bytes, tuple, frozenset, complex, torch.dtype, torch.device, torch.Size),
+        (
+            str,
+            int,
+            float,
+            bytes,
+            tuple,
+            frozenset,
+            complex,
+            torch.dtype,
+            torch.device,
+            torch.Size,
+            types.MappingProxyType,
+        ),
     )
 
 
@@ -184,6 +197,23 @@ def _object_getattribute(tx, args, kwargs):
     from ember.capture.values.objects import BuiltinMethodValue
 
     return BuiltinMethodValue(object.__getattribute__, args[0]).call(tx, args[1:], kwargs)
+
+
+@handles(id)
+def _id(tx, args, kwargs):
+    """The address of an object from outside, which the guard then pins (the entry is
+    dropped if it dies). Objects the trace makes, and tensors (a new one every call), have
+    no address known while tracing."""
+    from ember.capture.guards import GuardKind
+
+    value = args[0]
+    real = tx.ctx.builder.real_object(value)
+    if real is None or value.source is None or isinstance(value, TensorValue):
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_CALL, f"id() of {value.describe()}, known only at run time"
+        )
+    tx.ctx.guards.add(GuardKind.ID_MATCH, value.source, real)
+    return ConstantValue(id(real))
 
 
 @handles(range)

@@ -6,7 +6,9 @@ made, and guarded by identity: they are immutable)."""
 from __future__ import annotations
 
 import functools
+import inspect
 import operator
+import types
 from typing import TYPE_CHECKING, Any
 
 from ember.capture.values.base import ConstantValue, Value, all_constant
@@ -93,3 +95,27 @@ def getter_value(obj: Any) -> GetterValue | None:
     return GetterValue(
         kind, [ConstantValue(a) for a in args], {k: ConstantValue(v) for k, v in kwargs.items()}
     )
+
+
+@handles(inspect.signature)
+def _signature(tx, args, kwargs):
+    """`inspect.signature(f)` of a function ember knows (its identity guarded), folded to
+    the Signature object itself: libraries ask it inside forward to adapt their calls
+    (transformers' apply_chunking_to_forward); inspect's own code walks `__wrapped__`
+    chains with address memos that a trace cannot follow."""
+    from ember.capture.sources import AttrSource
+    from ember.capture.values.functions import BoundMethodValue, UserFunctionValue
+
+    target, bound = args[0], False
+    if isinstance(target, BoundMethodValue):
+        target, bound = target.fn, True
+    if not isinstance(target, UserFunctionValue) or not all_constant(list(kwargs.values())):
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_CALL, f"inspect.signature of {args[0].describe()}"
+        )
+    fn = target.fn
+    if fn.__defaults__ and target.source is not None:  # the signature shows them: guard them
+        tx.ctx.builder.wrap(fn.__defaults__, AttrSource(target.source, "__defaults__"))
+    options = {k: v.as_constant() for k, v in kwargs.items()}
+    real = types.MethodType(fn, object()) if bound else fn
+    return ConstantValue(inspect.signature(real, **options))

@@ -277,7 +277,7 @@ class IdentityKey:
         return f"<key {self.value.describe()}>"
 
 
-def _hashes_by_identity(cls: type) -> bool:
+def hashes_by_identity(cls: type) -> bool:
     return cls.__hash__ in (object.__hash__, torch.Tensor.__hash__) and cls.__eq__ in (
         object.__eq__,
         torch.Tensor.__eq__,
@@ -295,7 +295,7 @@ def dict_key(value: Value) -> Any:
         kind = None
     if kind is not None and (kind is torch.Tensor or issubclass(kind, torch.nn.Module)):
         return IdentityKey(value)  # Module and Tensor hash by id (Tensor.__eq__ is elementwise)
-    if kind is not None and _hashes_by_identity(kind):
+    if kind is not None and hashes_by_identity(kind):
         return IdentityKey(value)
     raise Unsupported(BreakReason.UNSUPPORTED_OPERATOR, f"dict key {value.describe()}")
 

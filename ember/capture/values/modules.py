@@ -173,10 +173,12 @@ class BornModuleValue(ModuleValue):
     each call makes anew. It has no parameters or buffers, so nothing about it can differ
     from call to call but what the recipe's constants fix."""
 
-    def __init__(self, module: torch.nn.Module, recipe: tuple[Any, list[Value]]) -> None:
+    def __init__(
+        self, module: torch.nn.Module, recipe: tuple[Any, list[Value], dict[str, Value]]
+    ) -> None:
         super().__init__(module, None)
         self.recipe = recipe
-        """(callable, arguments) that make the module again at run time."""
+        """(callable, arguments, keywords) that make the module again at run time."""
         self.children: dict[str, Value] = {}
         """Key -> the child's value (for a slice: reached through the parent's source)."""
         self.attrs: dict[str, Value] = {}
@@ -221,19 +223,19 @@ class BornModuleValue(ModuleValue):
                 BreakReason.UNSUPPORTED_OBJECT,
                 f"{self.describe()}, changed by the trace, cannot be made again after the graph",
             )
-        fn, args = self.recipe
+        fn, args, kwargs = self.recipe
         em.cg.push_null()
         em.cg.load_const(fn)
-        for arg in args:
+        for arg in [*args, *kwargs.values()]:
             em.reconstruct(arg)
-        em.cg.call(len(args))
+        em.cg.call(len(args) + len(kwargs), tuple(kwargs))
 
 
 def slice_container(parent: ModuleValue, window: slice, children: list[Value]) -> BornModuleValue:
     """`layers[1:]` of a Sequential or ModuleList: a new container of the same class (as its
     `__getitem__` makes) holding the selected children, which keep their guarded sources."""
     born = BornModuleValue(
-        parent.module[window], (operator.getitem, [parent, ConstantValue(window)])
+        parent.module[window], (operator.getitem, [parent, ConstantValue(window)], {})
     )
     born.children = dict(zip(born.module._modules, children))
     return born
@@ -249,20 +251,18 @@ def construct_module(tx: Translator, cls: type, args: list[Value], kwargs: dict)
     arguments and modules made in the trace (a loss, an activation, a container of such);
     refused when it holds parameters or buffers (made at random on every eager call) or
     needs values known only at run time."""
-    if kwargs:
-        raise Unsupported(
-            BreakReason.UNSUPPORTED_CALL,
-            f"creating module {cls.__name__} inside the trace with keyword arguments",
-            hint="pass the arguments by position, or create the module in __init__",
-        )
-    if not all(isinstance(a, BornModuleValue) or a.is_constant() for a in args):
+    given = [*args, *kwargs.values()]
+    if not all(isinstance(a, BornModuleValue) or a.is_constant() for a in given):
         raise Unsupported(
             BreakReason.UNSUPPORTED_CALL,
             f"creating module {cls.__name__} inside the trace from values known only at run time",
         )
-    real = [a.module if isinstance(a, BornModuleValue) else a.as_constant() for a in args]
+
+    def real(a: Value) -> Any:
+        return a.module if isinstance(a, BornModuleValue) else a.as_constant()
+
     try:
-        module = cls(*real)
+        module = cls(*map(real, args), **{k: real(v) for k, v in kwargs.items()})
     except Exception as exc:
         raise Unsupported(
             BreakReason.EXCEPTION_RAISED, f"{cls.__name__}(...) raised {type(exc).__name__}"
@@ -273,13 +273,13 @@ def construct_module(tx: Translator, cls: type, args: list[Value], kwargs: dict)
             f"creating module {cls.__name__} with parameters or buffers inside the trace",
             hint="create the module in __init__ and reuse it",
         )
-    born = BornModuleValue(module, (cls, list(args)))
-    given = {id(a.module): a for a in args if isinstance(a, BornModuleValue)}
+    born = BornModuleValue(module, (cls, list(args), dict(kwargs)))
+    passed = {id(a.module): a for a in given if isinstance(a, BornModuleValue)}
     for key, child in module._modules.items():
         if child is None:
             born.children[key] = ConstantValue(None)
         else:  # a module passed in keeps its value (its identity); others are made anew
-            born.children[key] = given.get(id(child)) or BornModuleValue(
-                child, (module_child, [born, ConstantValue(key)])
+            born.children[key] = passed.get(id(child)) or BornModuleValue(
+                child, (module_child, [born, ConstantValue(key)], {})
             )
     return born
