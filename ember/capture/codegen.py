@@ -45,6 +45,7 @@ from ember.capture.values.functions import (
     UserFunctionValue,
 )
 from ember.capture.values.mappings import DictObjectValue
+from ember.capture.values.modules import has_hooks
 from ember.capture.values.objects import GradModeValue, ModuleValue, UserObjectValue
 from ember.capture.values.tensor import TensorValue
 from ember.errors import BreakReason, Unsupported
@@ -280,7 +281,7 @@ def _reconstruct_callee(em: Emitter, value: Value, site: BreakSite) -> None:
         em.cg.call(2)
     elif isinstance(value, ModuleValue) and value.source is not None:
         mod = value.module
-        if type(mod).__call__ is torch.nn.Module.__call__ and not _has_hooks(mod):
+        if type(mod).__call__ is torch.nn.Module.__call__ and not has_hooks(mod):
             # forward through ember, so a submodule whose forward breaks is captured too
             em.cg.push_null()
             em.cg.load_const(types.MethodType)
@@ -291,19 +292,6 @@ def _reconstruct_callee(em: Emitter, value: Value, site: BreakSite) -> None:
             value.source.emit(em.cg)
     else:
         em.reconstruct(value)
-
-
-def _has_hooks(mod: torch.nn.Module) -> bool:
-    from torch.nn.modules import module as nn_module
-
-    return bool(
-        mod._forward_hooks
-        or mod._forward_pre_hooks
-        or nn_module._global_forward_hooks
-        or nn_module._global_forward_pre_hooks
-        or mod._backward_hooks
-        or nn_module._global_backward_hooks
-    )
 
 
 def _slot(value: Value) -> StackSlot:

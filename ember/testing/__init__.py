@@ -29,6 +29,21 @@ class CompileCounter:
         self.graphs.clear()
 
 
+class CountingBackend(CompileCounter):
+    """Counts graphs like CompileCounter, and compiles them with a named ember backend
+    ("eager", "aot_eager", "ember")."""
+
+    def __init__(self, backend: str) -> None:
+        super().__init__()
+        from ember.backends import lookup
+
+        self.backend = lookup(backend)
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
+        super().__call__(gm, example_inputs)
+        return self.backend(gm, example_inputs)
+
+
 def assert_same(
     actual: Any, expected: Any, *, rtol: float = 1e-5, atol: float = 1e-6, path: str = "result"
 ) -> None:

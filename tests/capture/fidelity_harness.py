@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 import ember
-from ember.testing import CompileCounter, assert_same
+from ember.testing import CompileCounter, CountingBackend, assert_same
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,20 +127,6 @@ def compare_with_dynamo(ours: Counts, theirs: Counts) -> None:
         assert ours.breaks <= theirs.breaks, text
     else:
         assert ours.ops >= theirs.ops, text
-
-
-class CountingBackend(CompileCounter):
-    """Counts graphs like CompileCounter and compiles them with a named ember backend."""
-
-    def __init__(self, backend: str) -> None:
-        super().__init__()
-        from ember.backends import lookup
-
-        self.backend = lookup(backend)
-
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
-        super().__call__(gm, example_inputs)
-        return self.backend(gm, example_inputs)
 
 
 def tensors(*shapes: tuple[int, ...]) -> Callable[[], tuple]:
