@@ -249,3 +249,20 @@ class ModuleEntrySource(Source):
         cg.load_attr(self.table)
         cg.load_const(self.key)
         cg.subscr()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class IterationSource(Source):
+    """`list(base)`: what iterating an object yields, in order (a set's order is its table's,
+    which equal sets need not share): guarded, never reloaded."""
+
+    base: Source
+
+    def name(self) -> str:
+        return f"list({self.base.name()})"
+
+    def expr(self, scope: GuardScope) -> str:
+        return scope.bind(self, f"list({self.base.expr(scope)})")
+
+    def emit(self, cg: CodeBuilder) -> None:
+        raise NotImplementedError("only guarded, never reloaded")

@@ -219,3 +219,21 @@ def p_frozenset_cannot_be_mutated(x):
 )
 def test_sets(fn):
     check(fn, tensors((2,)))
+
+
+def _set_with_history():
+    s = {f"name{i}" for i in range(30)}
+    for i in range(0, 30, 3):
+        s.discard(f"name{i}")
+    return torch.ones(2), s
+
+
+def p_set_argument_and_results_keep_pythons_order(x, s):
+    union = s | {"extra", "name3"}
+    common = s & {"name1", "name2", "name4", "zzz"}
+    ordered = [k for k in s]
+    return x * len(union), list(union), list(common), ordered, list(s - {"name1"})
+
+
+def test_set_order_of_arguments_and_results():
+    check(p_set_argument_and_results_keep_pythons_order, _set_with_history)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ember.capture.guards import GuardKind
-from ember.capture.sources import AttrSource, ConstSource, ItemSource, Source
+from ember.capture.sources import AttrSource, ConstSource, ItemSource, IterationSource, Source
 from ember.capture.values.base import ConstantValue, Value
 from ember.capture.values.callables import getter_value
 from ember.capture.values.compiler import is_allowed_in_graph, register_dynamo_functions
@@ -169,9 +169,13 @@ class ValueBuilder:
         if type(value) is weakref.ReferenceType:
             guards.add(GuardKind.TYPE_MATCH, source, weakref.ReferenceType)
             return WeakRefValue(value, source)
-        if type(value) is set and all(isinstance(v, _CONSTANT_TYPES) for v in value):
-            guards.add(GuardKind.EQUALS_MATCH, source, set(value))  # a copy: later edits fail it
-            return SetValue(value, source=source)
+        if type(value) in (set, frozenset) and all(isinstance(v, _CONSTANT_TYPES) for v in value):
+            # members and their order (a copy of a set need not iterate as the set does)
+            guards.add(GuardKind.EQUALS_MATCH, IterationSource(source), list(value))
+            result = SetValue(source=source, frozen=type(value) is frozenset)
+            result.members = value  # read only: the trace never changes a set from outside
+            result.entries = {k: ConstantValue(k) for k in value}
+            return result
         return self._wrap_callable_or_object(value, source)
 
     def _wrap_dict(self, value: dict, source: Source) -> Value | None:

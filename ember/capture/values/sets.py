@@ -68,12 +68,10 @@ class SetValue(Value):
         self.source = source
         """Set for a set reached from outside: read-only here (the ledger has no set replay)."""
         self.frozen = frozen
-        self.members: set[Any] = set()
+        self.members: set[Any] = set(items)
         """The members' keys, in a real set that has seen the same operations as the user's."""
-        self.entries: dict[Any, Value] = {}
+        self.entries: dict[Any, Value] = {k: ConstantValue(k) for k in self.members}
         """Key -> the member's symbolic value."""
-        for item in items:
-            self._insert(item, ConstantValue(item))
         for value in values or []:
             self.add(value)
 
@@ -241,8 +239,8 @@ def _wrap_result(result: Any, operands: list[Any]) -> Value:
     if isinstance(result, (set, frozenset)):
         lookup = _lookup([o.entries for o in operands])
         out = SetValue(frozen=isinstance(result, frozenset))
-        for key in result:
-            out._insert(key, lookup[key])
+        out.members = result  # the real result itself: Python's order
+        out.entries = {key: lookup[key] for key in out.members}
         return out
     return ConstantValue(result)
 
