@@ -107,6 +107,16 @@ def test_tensor_identity_and_size(fn):
     check(fn, tensors((3, 4)))
 
 
+@pytest.mark.parametrize(
+    "fn",
+    [p_augmented_assignment_keeps_identity, p_inplace_on_input_returns_input],
+    ids=lambda f: f.__name__.removeprefix("p_"),
+)
+def test_identity_through_aot(fn):
+    """The functionalized graph writes the input back, and the result is still the input."""
+    check(fn, tensors((3, 4)), backend="aot_eager", dynamo=False)
+
+
 # dict views see later mutations
 
 
