@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import dataclasses
 import enum
 import functools
@@ -420,4 +421,37 @@ def p_signature_id_and_identity_keys(x):
 
 def test_signature_id_and_identity_keyed_dicts():
     counts = check(p_signature_id_and_identity_keys, tensors((2,)))
+    assert counts.breaks == 0
+
+
+class _Config:
+    def __init__(self):
+        self.sizes = [1, 2]
+        self.name = "base"
+        self.extra = {"k": [3]}
+
+
+CONFIG_OBJ = _Config()
+
+
+def p_copy_and_deepcopy(x):
+    shallow = copy.copy(CONFIG_OBJ)
+    deep = copy.deepcopy(CONFIG_OBJ)
+    deep.sizes.append(3)
+    deep.extra["k"].append(4)
+    delattr(deep, "name")
+    nested = copy.deepcopy({"a": [1, [2]], "b": (3, [4])})
+    return (
+        x * len(deep.sizes),
+        CONFIG_OBJ.sizes,
+        shallow.sizes is CONFIG_OBJ.sizes,
+        deep.sizes is CONFIG_OBJ.sizes,
+        hasattr(deep, "name"),
+        nested,
+        deep.extra,
+    )
+
+
+def test_copy_and_deepcopy_of_plain_data():
+    counts = check(p_copy_and_deepcopy, tensors((2,)))
     assert counts.breaks == 0

@@ -64,3 +64,35 @@ def test_bert_training_does_not_recompile_every_call():
     stats = ember.stats()
     # forward sets config.problem_type on its first call: one recompile, as under Dynamo
     assert stats["recompiles"] == 1 and stats["eager_frames"] == 0, stats
+
+
+def _t5():
+    cfg = transformers.T5Config(
+        vocab_size=100,
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_heads=2,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        dropout_rate=0.0,
+    )
+    return transformers.T5ForConditionalGeneration(cfg)
+
+
+def test_t5_training_step_is_one_graph_as_under_dynamo():
+    """T5 builds its loss module (with keywords) and its caches (deep-copying its config,
+    deleting attributes of the copy) inside forward."""
+    model = _quiet(_t5)
+
+    def run(ids):
+        return model(input_ids=ids, labels=ids).loss
+
+    counts = check(run, lambda: (_inputs()[0],))
+    assert counts.graphs == 1 and counts.breaks == 0
+    compiled = ember.compile(model, backend="eager")
+    for _ in range(3):
+        ids = _inputs()[0]
+        compiled(input_ids=ids, labels=ids).loss.backward()
+    assert ember.stats()["recompiles"] == 0

@@ -184,6 +184,15 @@ def _setattr(tx, args, kwargs):
     return ConstantValue(None)
 
 
+@handles(delattr)
+def _delattr(tx, args, kwargs):
+    delete = getattr(args[0], "delattr", None)
+    if delete is None:
+        raise Unsupported(BreakReason.SIDE_EFFECT, f"deleting an attribute of {args[0].describe()}")
+    delete(tx, args[1].as_constant())
+    return ConstantValue(None)
+
+
 @handles(object.__setattr__)
 def _object_setattr(tx, args, kwargs):
     """The default store, bypassing a class's own `__setattr__` (frozen dataclasses)."""

@@ -9,6 +9,7 @@ attribute written by the trace is seen by every later read, also by instances (s
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import types
@@ -271,3 +272,66 @@ def _is_dataclass(tx, args, kwargs):
     value = args[0]
     target = value.as_constant() if isinstance(value, ClassValue) else value.python_type()
     return ConstantValue(dataclasses.is_dataclass(target))
+
+
+# copy.copy / copy.deepcopy of plain data: what `copy` does through `__reduce_ex__(4)` for
+# a class that customises none of it: a new instance of the class, its `__dict__` copied.
+
+_COPY_HOOKS = ("__copy__", "__deepcopy__", "__reduce__", "__reduce_ex__", "__getstate__")
+_COPY_HOOKS += ("__setstate__", "__getnewargs__", "__getnewargs_ex__")
+
+
+def _copies_plainly(cls: type) -> bool:
+    return all(python_override(cls, name) is None for name in _COPY_HOOKS) and (
+        object.__new__ is getattr(cls, "__new__", None)
+    )
+
+
+def _copy_value(tx: Translator, value: Value, deep: bool, memo: dict[int, Value]) -> Value:
+    if id(value) in memo:
+        return memo[id(value)]
+    if value.is_constant() and isinstance(
+        value.as_constant(), (int, float, str, bool, bytes, type(None), complex, enum.Enum)
+    ):
+        return value  # immutable: its own copy
+    inner = (lambda v: _copy_value(tx, v, deep, memo)) if deep else (lambda v: v)
+    if isinstance(value, TupleValue) and value.struct_type is None:
+        copied: Value = TupleValue([inner(v) for v in value.items]) if deep else value
+    elif isinstance(value, ListValue) and value.list_type is list:
+        copied = ListValue([])
+        memo[id(value)] = copied
+        copied.items = [inner(v) for v in value.items]
+    elif isinstance(value, DictValue) and value.dict_type is dict:
+        copied = DictValue({})
+        memo[id(value)] = copied
+        copied.items = {k: inner(v) for k, v in value.items.items()}
+    elif (
+        isinstance(value, UserObjectValue)
+        and type(value) is UserObjectValue
+        and _copies_plainly(value.cls)
+    ):
+        state = value.getattr(tx, "__dict__")
+        copied = UserObjectValue(value.cls)
+        memo[id(value)] = copied
+        entries = state.iterate(tx)
+        copied.attrs = {k.as_constant(): inner(state.getitem(tx, k)) for k in entries}
+    else:
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_CALL,
+            f"copy.{'deepcopy' if deep else 'copy'} of {value.describe()}",
+        )
+    memo[id(value)] = copied
+    return copied
+
+
+def _copier(deep: bool):
+    def handler(tx, args, kwargs):
+        if len(args) != 1 or kwargs:
+            raise Unsupported(BreakReason.UNSUPPORTED_CALL, "copy with a memo")
+        return _copy_value(tx, args[0], deep, {})
+
+    return handler
+
+
+handles(copy.copy)(_copier(deep=False))
+handles(copy.deepcopy)(_copier(deep=True))
