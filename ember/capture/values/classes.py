@@ -282,8 +282,11 @@ _COPY_HOOKS += ("__setstate__", "__getnewargs__", "__getnewargs_ex__")
 
 
 def _copies_plainly(cls: type) -> bool:
-    return all(python_override(cls, name) is None for name in _COPY_HOOKS) and (
-        object.__new__ is getattr(cls, "__new__", None)
+    """`copy` would make `cls.__new__(cls)` and copy the instance dict, and that is all."""
+    return (
+        all(python_override(cls, name) is None for name in _COPY_HOOKS)
+        and cls.__new__ is object.__new__
+        and not any("__slots__" in klass.__dict__ for klass in cls.__mro__)
     )
 
 
