@@ -9,6 +9,7 @@ rebuilt by `reconstruct` in the replacement bytecode.
 
 from __future__ import annotations
 
+import types
 from typing import TYPE_CHECKING, Any
 
 from ember.capture.sources import Source
@@ -82,6 +83,11 @@ class Value:
     def length(self, tx: Translator) -> int:
         raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"len() of {self.describe()}")
 
+    def contained(self) -> list[Value]:
+        """The values this one holds and rebuilds with itself (a set's members, a view's
+        dict): their tensors must be outputs of the graph."""
+        return []
+
     def reconstruct(self, em: Emitter) -> None:
         """Emit bytecode that pushes this value at run time."""
         if self.source is not None:
@@ -130,7 +136,7 @@ class ConstantValue(Value):
         return len(self.value)
 
     def iterate(self, tx: Translator) -> list[Value]:
-        if isinstance(self.value, (str, bytes, range, frozenset, tuple)):
+        if isinstance(self.value, (str, bytes, range, frozenset, tuple, types.MappingProxyType)):
             return [ConstantValue(v) for v in self.value]
         return super().iterate(tx)
 
