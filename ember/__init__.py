@@ -6,7 +6,14 @@ ember.explain(fn)(*args)             # graphs, guards and graph breaks
 """
 
 from ember import config
-from ember.api import compile, disable, reset
+from ember.api import compile, reset, stats
+from ember.capture.values.compiler import (
+    allow_in_graph,
+    assume_constant_result,
+    disable,
+    graph_break,
+    is_compiling,
+)
 from ember.errors import BackendCompilerFailed, BreakReason, Unsupported
 from ember.explain import explain
 from ember.logs import set_logs
@@ -17,10 +24,15 @@ __all__ = [
     "BackendCompilerFailed",
     "BreakReason",
     "Unsupported",
+    "allow_in_graph",
+    "assume_constant_result",
     "compile",
     "config",
     "disable",
     "explain",
+    "graph_break",
+    "is_compiling",
     "reset",
     "set_logs",
+    "stats",
 ]

@@ -18,8 +18,12 @@ import torch
 from ember import config, logs
 from ember.backends import lookup
 from ember.capture import cache as frame_cache
+from ember.capture import stats as capture_stats
 from ember.capture.frame import capture_call
-from ember.errors import Unsupported
+from ember.capture.values.compiler import is_disabled
+from ember.capture.values.meta import clear_cache as clear_meta_cache
+from ember.capture.values.modules import has_hooks
+from ember.errors import BreakReason, Unsupported
 
 
 class CompileOptions:
@@ -50,27 +54,38 @@ class CompileOptions:
         self.options = dict(options or {})
 
 
-def _disabled(fn: Any) -> bool:
-    return getattr(fn, "_ember_disabled", False)
-
-
-def _run_cached(fn: types.FunctionType, opts: CompileOptions, args: tuple, kwargs: dict) -> Any:
+def _run_cached(
+    fn: types.FunctionType,
+    opts: CompileOptions,
+    cache: frame_cache.FrameCache,
+    args: tuple,
+    kwargs: dict,
+) -> Any:
     """The slow path: no entry matched."""
-    cache = frame_cache.cache_for(fn.__code__, opts)
     if cache.eager_reason is not None:
         return fn(*args, **kwargs)
     limit = config.current().recompile_limit
     if cache.entries:
+        capture_stats.record_recompile()
         failure = cache.entries[-1].guard.first_failure(*args, **kwargs)
         cache.misses.append(failure)
         logs.log("recompiles", "recompiling %s: guard failed: %s", fn.__qualname__, failure)
         if len(cache.entries) >= limit:
+            failing = f"Guards that kept failing: {sorted(set(cache.misses))}"
+            if opts.fullgraph:  # never runs eagerly: say so instead, as torch.compile does
+                raise Unsupported(
+                    BreakReason.RECOMPILE_LIMIT,
+                    f"{fn.__qualname__} hit the recompile limit ({limit}) under "
+                    f"fullgraph=True. {failing}",
+                    hint="raise EMBER_RECOMPILE_LIMIT, or keep the guarded values steady",
+                )
             reason = (
                 f"{fn.__qualname__} hit the recompile limit ({limit}); running it eagerly."
-                f" Guards that kept failing: {sorted(set(cache.misses))}"
+                f" {failing}"
             )
             warnings.warn(reason, stacklevel=3)
             cache.eager_reason = reason
+            capture_stats.record_eager_frame()
             return fn(*args, **kwargs)
     try:
         wrap = None if opts.fullgraph else functools.partial(compile_function, opts=opts)
@@ -80,8 +95,11 @@ def _run_cached(fn: types.FunctionType, opts: CompileOptions, args: tuple, kwarg
             raise
         logs.log("graph_breaks", "running %s eagerly: %s", fn.__qualname__, exc)
         cache.eager_reason = exc
+        capture_stats.record_break(exc)
+        capture_stats.record_eager_frame()
         return fn(*args, **kwargs)
-    cache.entries.append(entry)
+    installed = (fn.__globals__, entry.compiled_name) if entry.compiled_name else None
+    cache.add(entry, installed)
     return entry.fn(*args, **kwargs)
 
 
@@ -92,10 +110,11 @@ def compile_function(fn: Callable[..., Any], opts: CompileOptions) -> Callable[.
         return types.MethodType(inner, fn.__self__)
     if not isinstance(fn, types.FunctionType):
         raise TypeError(f"ember.compile expects a function or nn.Module, got {type(fn).__name__}")
-    if _disabled(fn):
+    if is_disabled(fn):
         return fn
     original = getattr(fn, "_ember_original", fn)
-    entries = frame_cache.cache_for(original.__code__, opts).entries
+    cache = frame_cache.cache_for(original.__code__, opts)  # owned here, shared weakly
+    entries = cache.entries
 
     @functools.wraps(original)
     def compiled(*args: Any, **kwargs: Any) -> Any:
@@ -104,7 +123,7 @@ def compile_function(fn: Callable[..., Any], opts: CompileOptions) -> Callable[.
             for entry in entries:
                 if entry.guard.check(*args, **kwargs):
                     return entry.fn(*args, **kwargs)
-            return _run_cached(original, opts, args, kwargs)
+            return _run_cached(original, opts, cache, args, kwargs)
         except BaseException:
             # An exception leaving a `with no_grad()` block restores the grad mode in eager;
             # break code that ran the raising call inside such a block has no handler to.
@@ -116,6 +135,11 @@ def compile_function(fn: Callable[..., Any], opts: CompileOptions) -> Callable[.
     return compiled
 
 
+def _call_module(module: torch.nn.Module, /, *args: Any, **kwargs: Any) -> Any:
+    """What a compiled module with forward hooks captures: the whole call."""
+    return module(*args, **kwargs)
+
+
 class CompiledModule(torch.nn.Module):
     """The module `ember.compile(module)` returns: forward is compiled, everything else
     (attributes, parameters, state_dict, train()/eval()) is the original's."""
@@ -124,11 +148,25 @@ class CompiledModule(torch.nn.Module):
         super().__init__()
         self._orig_mod = mod
         self._compiled_forward = compile_function(type(mod).forward, opts)
+        self._compiled_call = compile_function(_call_module, opts)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """The original module's call: its hooks, and global ones, run once, inside. Hooks
+        put on this wrapper itself run around it (global hooks then fire twice, as they do
+        around torch.compile's wrapper)."""
+        if (
+            self._forward_hooks
+            or self._forward_pre_hooks
+            or self._backward_hooks
+            or self._backward_pre_hooks
+        ):
+            return super().__call__(*args, **kwargs)
+        return self.forward(*args, **kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         mod = self._orig_mod
-        if mod._forward_hooks or mod._forward_pre_hooks:
-            return mod(*args, **kwargs)  # hooks run as in eager
+        if has_hooks(mod):  # the hooks are traced with the call, as Dynamo does
+            return self._compiled_call(mod, *args, **kwargs)
         return self._compiled_forward(mod, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
@@ -138,7 +176,7 @@ class CompiledModule(torch.nn.Module):
 
     def __setattr__(self, name: str, value: Any) -> None:
         if (
-            name in ("_orig_mod", "_compiled_forward")
+            name in ("_orig_mod", "_compiled_forward", "_compiled_call")
             or name.startswith("_")
             and name in self.__dict__
         ):
@@ -194,14 +232,15 @@ def compile(
     return compile_function(model, opts)
 
 
-def disable(fn: Callable[..., Any] | None = None) -> Any:
-    """Mark a function never to be captured (a compiled caller runs it in Python)."""
-    if fn is None:
-        return disable
-    fn._ember_disabled = True
-    return fn
-
-
 def reset() -> None:
-    """Forget every cache entry (compiled functions recapture on their next call)."""
+    """Forget every cache entry (compiled functions recapture on their next call) and the
+    counts of `stats()`."""
     frame_cache.reset()
+    capture_stats.reset()
+    clear_meta_cache()
+
+
+def stats() -> dict[str, Any]:
+    """What capture did since the last `reset()`: {"graphs", "graph_breaks",
+    "break_reasons", "recompiles", "eager_frames"} (see `ember.capture.stats`)."""
+    return capture_stats.current().as_dict()

@@ -25,6 +25,8 @@ class BreakReason(enum.Enum):
     SIDE_EFFECT = "mutation ember cannot record"
     TENSOR_OP_FAILED = "tensor operation failed on example inputs"
     DATA_DEPENDENT_OP = "operation whose output shape depends on tensor values"
+    RECOMPILE_LIMIT = "the function was captured again too many times"
+    FORCED = "a graph break the program asks for (torch._dynamo.graph_break())"
 
 
 class Unsupported(Exception):

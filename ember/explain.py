@@ -77,9 +77,9 @@ def explain(fn: Callable[..., Any]) -> Callable[..., ExplainOutput]:
             compiled(*args, **kwargs)
         finally:
             frame._listeners.remove(entries.append)
-        from ember.capture.cache import _caches
+        from ember.capture.cache import live_caches
 
-        for cache in _caches.values():
+        for cache in live_caches():
             if isinstance(cache.eager_reason, Unsupported):
                 eager_reasons.append(cache.eager_reason)
         graphs = [e.graph for e in entries if e.graph is not None]

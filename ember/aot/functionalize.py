@@ -76,11 +76,16 @@ _FUNCTIONAL_OVERRIDES: dict[OpOverload, OpOverload] = {
 }
 
 
-def _arg_names(func: OpOverload, skip: frozenset[int] = frozenset()) -> list[str]:
-    return [a.name for i, a in enumerate(func._schema.arguments) if i not in skip]
+def _signature(func: OpOverload, skip: frozenset[int] = frozenset()) -> list[tuple[str, str]]:
+    """Names and types of the arguments: names alone confuse overloads such as
+    `pow_.Scalar(Tensor self, Scalar exponent)` with `pow.Scalar(Scalar self, Tensor
+    exponent)`, whose functional twin is `pow.Tensor_Scalar` (`z **= 2`)."""
+    return [(a.name, str(a.type)) for i, a in enumerate(func._schema.arguments) if i not in skip]
 
 
-def _find_overload(packet_name: str, names: list[str], prefer: str) -> OpOverload | None:
+def _find_overload(
+    packet_name: str, names: list[tuple[str, str]], prefer: str
+) -> OpOverload | None:
     packet = getattr(aten, packet_name, None)
     if packet is None:
         return None
@@ -89,7 +94,7 @@ def _find_overload(packet_name: str, names: list[str], prefer: str) -> OpOverloa
         op = getattr(packet, overload, None)
         if op is None or mutated_args(op):
             continue
-        if _arg_names(op) == names:
+        if _signature(op) == names:
             return op
     return None
 
@@ -102,14 +107,14 @@ def functional_variant(func: OpOverload) -> OpOverload:
     overload = func._overloadname
     writes = frozenset(mutated_args(func))
     if is_inplace(func):
-        names = _arg_names(func)
+        names = _signature(func)
         dunder = base.startswith("__i") and base.endswith("__")  # __ilshift__ -> __lshift__
         found = _find_overload(f"__{base[3:]}" if dunder else base[:-1], names, overload)
     else:  # out= style: drop the written kwarg-only args
-        names = _arg_names(func, writes)
+        names = _signature(func, writes)
         found = _find_overload(base, names, "default")
         if found is None:
-            found = _find_overload(base + "_functional", _arg_names(func), overload)
+            found = _find_overload(base + "_functional", _signature(func), overload)
     if found is None:
         raise _unsupported(
             f"no functional form known for the mutating aten op {func}",

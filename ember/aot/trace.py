@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ember.aot.attention import EagerAttention
@@ -84,6 +85,28 @@ class _Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         return self.tracer.dispatch(func, args, kwargs or {})
+
+
+class _ListIndices(TorchFunctionMode):
+    """`x[[0, 2]]`: CPython turns a list index into an index tensor made directly on x's
+    device, which for a meta tensor keeps no values. The list is made a tensor here first,
+    through `torch.tensor`, which the recorder sees as a constant of the graph."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func in _INDEXING and len(args) > 1:
+            args = (args[0], _index_tensors(args[1]), *args[2:])
+        return func(*args, **(kwargs or {}))
+
+
+_INDEXING = frozenset([torch.Tensor.__getitem__, torch.Tensor.__setitem__])
+
+
+def _index_tensors(index: Any) -> Any:
+    if isinstance(index, list) and all(type(i) is int for i in _leaves(index)):
+        return torch.tensor(index)
+    if isinstance(index, tuple):
+        return tuple(_index_tensors(i) for i in index)
+    return index
 
 
 class Tracer:
@@ -149,7 +172,7 @@ class Tracer:
         pick their kernel by device take the one eager would take: attention on the CPU
         (attention.py), dropout elsewhere (dropout.py)."""
         by_device = EagerAttention() if self.device.type == "cpu" else FusedDropout()
-        with no_dynamo_import(), _Recorder(self), by_device:
+        with no_dynamo_import(), _Recorder(self), by_device, _ListIndices():
             yield
 
     def value(self, t: torch.Tensor) -> fx.Node:

@@ -1,11 +1,19 @@
 """The per-code-object cache: entries of (guard function, replacement function), tried in
 order. A miss captures anew; past the recompile limit the code runs eagerly from then on.
+
+Ownership: a compiled function (the wrapper `ember.compile` returns, or one that break code
+calls) owns its `FrameCache`; wrappers of the same code with the same options share it
+through a weak registry. Nothing global keeps a cache, an entry or a user's object alive:
+when the last wrapper goes, its entries go, with the `__compiled_fn_N` each installed in the
+user's globals. An entry whose guard names an object by identity (a module, a function) is
+dropped when that object dies, so a compiled model is freed with the model.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +23,7 @@ from ember.capture.guards import GuardFunction
 from ember.errors import Unsupported
 
 
-@dataclasses.dataclass(slots=True)
+@dataclasses.dataclass(slots=True, weakref_slot=True, eq=False)
 class CacheEntry:
     guard: GuardFunction
     fn: Callable[..., Any]
@@ -25,38 +33,80 @@ class CacheEntry:
     compiled_name: str | None
     graph_break: Unsupported | None = None
     """Why the capture stopped early (the rest runs in a resume function), if it did."""
+    finalizers: list[weakref.finalize] = dataclasses.field(default_factory=list)
+    """Drop this entry when an object its guard holds by identity dies; remove its
+    `__compiled_fn_N` from the user's globals when the entry goes."""
+
+    def release(self) -> None:
+        """Run the cleanups now (the entry was dropped by a reset)."""
+        for finalizer in self.finalizers:
+            finalizer()
+        self.finalizers.clear()
 
 
-@dataclasses.dataclass(slots=True)
+@dataclasses.dataclass(slots=True, weakref_slot=True, eq=False)
 class FrameCache:
+    code: types.CodeType | None = None
+    options: Any = None
     entries: list[CacheEntry] = dataclasses.field(default_factory=list)
     eager_reason: Unsupported | str | None = None
     """Set when this code is no longer captured (unsupported construct, recompile limit)."""
     misses: list[str] = dataclasses.field(default_factory=list)
 
+    def add(self, entry: CacheEntry, installed: tuple[dict, str] | None) -> None:
+        """Keep `entry`, tied to the lives of the objects its guard names by identity."""
+        self.entries.append(entry)
+        this, held = weakref.ref(self), weakref.ref(entry)
+        for obj in entry.guard.identities():
+            entry.finalizers.append(weakref.finalize(obj, _drop, this, held))
+        if installed is not None:
+            entry.finalizers.append(weakref.finalize(entry, _uninstall, *installed))
 
-_caches: dict[tuple[types.CodeType, Any], FrameCache] = {}
+    def clear(self) -> None:
+        entries, self.entries[:] = list(self.entries), []
+        for entry in entries:
+            entry.release()
+        self.misses.clear()
+        self.eager_reason = None
 
 
-_latest: dict[types.CodeType, FrameCache] = {}
+def _drop(cache_ref: weakref.ref, entry_ref: weakref.ref) -> None:
+    """An object the entry's guard held by identity died: the entry can never match again."""
+    cache, entry = cache_ref(), entry_ref()
+    if cache is not None and entry is not None and entry in cache.entries:
+        cache.entries.remove(entry)
+        entry.release()
+
+
+def _uninstall(f_globals: dict, name: str) -> None:
+    f_globals.pop(name, None)
+
+
+_caches: weakref.WeakValueDictionary[tuple[types.CodeType, Any], FrameCache] = (
+    weakref.WeakValueDictionary()
+)
+_latest: weakref.WeakValueDictionary[types.CodeType, FrameCache] = weakref.WeakValueDictionary()
 
 
 def cache_for(code: types.CodeType, options: Any = None) -> FrameCache:
     """The cache of one code object compiled with one set of options (a function compiled
-    twice, say once with fullgraph=True, keeps separate entries). Without options: the
-    cache most recently created for the code (for inspection in tests and tools)."""
+    twice, say once with fullgraph=True, keeps separate entries), shared by the wrappers
+    alive for them. Without options: the cache most recently created for the code (for
+    inspection in tests and tools)."""
     if options is None:
         return _latest.get(code) or FrameCache()
     key = (code, options)
     cache = _caches.get(key)
     if cache is None:
-        cache = _caches[key] = _latest[code] = FrameCache()
+        cache = _caches[key] = _latest[code] = FrameCache(code, options)
     return cache
 
 
+def live_caches() -> list[FrameCache]:
+    return list(_caches.values())
+
+
 def reset() -> None:
-    # Emptied in place: compiled wrappers hold their cache's entry list and must see it empty.
-    for cache in _caches.values():
-        cache.entries.clear()
-        cache.misses.clear()
-        cache.eager_reason = None
+    # Emptied in place: compiled wrappers hold their cache and must see it empty.
+    for cache in live_caches():
+        cache.clear()

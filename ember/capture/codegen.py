@@ -43,6 +43,7 @@ from ember.capture.values.functions import (
     UserFunctionValue,
 )
 from ember.capture.values.mappings import DictObjectValue
+from ember.capture.values.modules import has_hooks
 from ember.capture.values.objects import GradModeValue, ModuleValue, UserObjectValue
 from ember.capture.values.tensor import TensorValue
 from ember.errors import BreakReason, Unsupported
@@ -134,6 +135,9 @@ def live_tensors(values: list[Value]) -> list[TensorValue]:
         elif isinstance(v, IteratorValue):
             for item in v.items[v.position :]:
                 visit(item)
+        else:
+            for item in v.contained():
+                visit(item)
 
     for value in values:
         visit(value)
@@ -159,8 +163,8 @@ class BreakSite:
     kw_names: tuple[str, ...]
     cells: dict[str, Value]
     """Contents of the frame's own cells (locals captured by nested functions)."""
-    make_resume: Callable[..., str]
-    """(target index, stack slots, local names) -> installed global name."""
+    make_resume: Callable[..., Callable[..., Any]]
+    """(target index, stack slots, local names) -> the compiled resume function."""
     wrap_callee: Callable[[Any], Any]
     """Wrap a user function so that, run in Python at the break, it is compiled by ember."""
     grad_mode: bool | None = None
@@ -269,7 +273,7 @@ def _reconstruct_callee(em: Emitter, value: Value, site: BreakSite) -> None:
         em.cg.call(2)
     elif isinstance(value, ModuleValue) and value.source is not None:
         mod = value.module
-        if type(mod).__call__ is torch.nn.Module.__call__ and not _has_hooks(mod):
+        if type(mod).__call__ is torch.nn.Module.__call__ and not has_hooks(mod):
             # forward through ember, so a submodule whose forward breaks is captured too
             em.cg.load_const(types.MethodType, push_null=True)
             em.cg.load_const(site.wrap_callee(type(mod).forward))
@@ -279,19 +283,6 @@ def _reconstruct_callee(em: Emitter, value: Value, site: BreakSite) -> None:
             value.source.emit(em.cg)
     else:
         em.reconstruct(value)
-
-
-def _has_hooks(mod: torch.nn.Module) -> bool:
-    from torch.nn.modules import module as nn_module
-
-    return bool(
-        mod._forward_hooks
-        or mod._forward_pre_hooks
-        or nn_module._global_forward_hooks
-        or nn_module._global_forward_pre_hooks
-        or mod._backward_hooks
-        or nn_module._global_backward_hooks
-    )
 
 
 def _slot(value: Value) -> StackSlot:
@@ -317,12 +308,12 @@ def cell_temp(name: str) -> str:
 
 def _call_resume(
     cg: CodeBuilder,
-    name: str,
+    resume: Callable[..., Any],
     slots: list[StackSlot],
     local_names: list[str],
     cells: dict[str, Value] | None = None,
 ) -> None:
-    cg.load_global(name, push_null=True)
+    cg.load_const(resume, push_null=True)
     count = 0
     for i, slot in enumerate(slots):
         if slot.kind is not Slot.NULL:

@@ -21,6 +21,7 @@ import torch
 
 from ember import logs
 from ember.backends import backend_name
+from ember.capture import stats
 from ember.capture.cache import CacheEntry
 from ember.capture.codegen import (
     BreakSite,
@@ -39,6 +40,7 @@ from ember.capture.resume import (
     make_resume_function,
 )
 from ember.capture.translator import CaptureContext, RestartCapture, root_translator
+from ember.capture.values.iterators import settle_iterators
 from ember.capture.values.objects import CellValue
 from ember.errors import BackendCompilerFailed, Unsupported
 
@@ -81,6 +83,7 @@ def capture_call(
             names = _live_after(fn, tracer)
             kept = {k: v for k, v in tracer.locals.items() if k in names}
             live = [*tracer.stack, *kept.values(), *cells.values()]
+            _settle_iterators(tracer, live)
         else:
             live = [result]
         outputs = live_tensors([*live, *ctx.effects.pending_values()])
@@ -132,6 +135,10 @@ def capture_call(
     entry = CacheEntry(
         guard, replacement, code, graph, compiled_name, brk.reason if brk is not None else None
     )
+    if graph is not None:
+        stats.record_graph()
+    if brk is not None:
+        stats.record_break(brk.reason)
     for listener in _listeners:
         listener(entry)
     return entry
@@ -212,6 +219,17 @@ def _check_resumable(fn: types.FunctionType, tracer: Any) -> None:
         )
 
 
+def _settle_iterators(tracer: Any, live: list[Any]) -> None:
+    """Lazy iterators alive at the break hand their remaining items to CPython as a tuple:
+    computed here, when that shows no side effect; otherwise the frame runs eagerly."""
+    try:
+        settle_iterators(tracer, live)
+    except Unsupported as exc:
+        raise _runs_eagerly(
+            exc.at(*tracer.location()) if not exc.location else exc, "at a graph break"
+        ) from exc
+
+
 def _install_resume(
     fn: types.FunctionType,
     tracer: Any,
@@ -220,22 +238,17 @@ def _install_resume(
     slots: list[StackSlot],
     local_names: list[str],
     grad_mode: bool | None = None,
-) -> str:
+) -> Callable[..., Any]:
+    """The compiled resume function that break code calls (a constant of that code, so it
+    lives as long as the cache entry; resume functions of the same place share one cache)."""
     resume = make_resume_function(fn, target, slots, local_names, tracer.insts, grad_mode)
-    options = getattr(wrap, "keywords", {}).get("opts", wrap)
-    key = (resume, id(options))
-    name = _installed.get(key)
-    if name is None or name not in fn.__globals__:
-        name = _installed[key] = f"__resume_{next(_counter)}"
-        fn.__globals__[name] = _depth_limited(wrap(resume), resume)
-    return name
+    return _depth_limited(wrap(resume), resume)
 
 
 MAX_RESUME_DEPTH = 64
 """Resume functions called from resume functions (a loop whose every iteration breaks) nest
 Python frames; past this depth the rest runs as the plain resume function, in CPython,
 instead of exhausting the recursion limit."""
-_installed: dict[tuple[Any, int], str] = {}
 _depth = threading.local()
 
 

@@ -14,6 +14,7 @@ import inspect
 import math
 import re
 import types
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -32,7 +33,7 @@ class GuardKind(enum.Enum):
     NONE_MATCH = "value is None"
     SAME_OBJECT = "two sources hold the same tensor"
     GRAD_MODE = "torch.is_grad_enabled()"
-    NO_HOOKS = "module has no forward hooks"
+    NO_HOOKS = "module has no forward or backward hooks"
     MISSING_ATTR = "an attribute the trace found missing (hasattr, getattr default) stays so"
     DICT_CONTAINS = "a key the trace looked up in a dict is still present (or still absent)"
 
@@ -95,18 +96,29 @@ def _dict_keys(g: Guard, scope: GuardScope) -> list[str]:
     return [f"type({e}) is {scope.const(g.expected[0], 'T')}", f"list({e}) == {expected}"]
 
 
+def _identity_condition(expr: str, value: Any, scope: GuardScope) -> str:
+    """`expr is value`, by address for objects the cache entry can outlive only weakly (a
+    module, a function): the guard must not keep a dropped model alive."""
+    address = scope.identity(value)
+    if address is None:
+        return f"{expr} is {scope.const(value)}"
+    return f"___id({expr}) == {address}"
+
+
 def _no_hooks(g: Guard, scope: GuardScope) -> list[str]:
     e = g.source.expr(scope)
     return [
-        f"not ({e}._forward_hooks or {e}._forward_pre_hooks)",
-        "not (___hooks._global_forward_hooks or ___hooks._global_forward_pre_hooks)",
+        f"not ({e}._forward_hooks or {e}._forward_pre_hooks or {e}._backward_hooks"
+        f" or {e}._backward_pre_hooks)",
+        "not (___hooks._global_forward_hooks or ___hooks._global_forward_pre_hooks"
+        " or ___hooks._global_backward_hooks or ___hooks._global_backward_pre_hooks)",
     ]
 
 
 _CONDITIONS: dict[GuardKind, Callable[[Guard, GuardScope], list[str]]] = {
     GuardKind.TENSOR_MATCH: _tensor_conditions,
     GuardKind.EQUALS_MATCH: _equals_conditions,
-    GuardKind.ID_MATCH: lambda g, s: [f"{g.source.expr(s)} is {s.const(g.expected)}"],
+    GuardKind.ID_MATCH: lambda g, s: [_identity_condition(g.source.expr(s), g.expected, s)],
     GuardKind.TYPE_MATCH: lambda g, s: [f"type({g.source.expr(s)}) is {s.const(g.expected, 'T')}"],
     GuardKind.LENGTH_MATCH: lambda g, s: [
         f"type({g.source.expr(s)}) is {s.const(g.expected[0], 'T')}",
@@ -167,6 +179,11 @@ class GuardFunction:
     """("let", assignment) or ("check", condition), as the check function runs them."""
     scope: dict[str, Any]
     signature: str
+    held_by_identity: list[weakref.ref] = dataclasses.field(default_factory=list)
+
+    def identities(self) -> list[Any]:
+        """The live objects the checks compare by address."""
+        return [obj for obj in (ref() for ref in self.held_by_identity) if obj is not None]
 
     def first_failure(self, *args: Any, **kwargs: Any) -> str:
         """The first condition that does not hold for these arguments, readably."""
@@ -268,11 +285,13 @@ def build_guard_function(guards: GuardSet, fn: types.FunctionType) -> GuardFunct
     # Entering or leaving autocast changes result dtypes: the entry is only valid as traced.
     add([f"___torch._C._is_any_autocast_enabled() is {torch._C._is_any_autocast_enabled()}"])
     names = dict(scope.names)
-    names.update(___G=fn.__globals__, ___closure=fn.__closure__, ___torch=torch)
+    names.update(___G=fn.__globals__, ___closure=fn.__closure__, ___torch=torch, ___id=id)
     names["___hooks"] = torch.nn.modules.module
     names["___readable"] = scope.readable
     signature = parameter_list(fn.__code__)
     check = _compile(signature, _check_body(statements), names, fn)
-    result = GuardFunction(check, check.__ember_source__, [], statements, names, signature)
+    result = GuardFunction(
+        check, check.__ember_source__, [], statements, names, signature, scope.held_by_identity
+    )
     result.conditions = [result._readable(t) for kind, t in statements if kind == "check"]
     return result

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 from ember.capture.values.base import ConstantValue, Value, all_constant
 from ember.capture.values.containers import (
     DictValue,
+    IteratorValue,
     ListValue,
     SequenceValue,
-    SetValue,
     TupleValue,
-    set_operation,
 )
+from ember.capture.values.sets import DictViewValue, SetValue, set_operation
 from ember.capture.values.tensor import TensorValue, tensor_op
 from ember.errors import BreakReason, Unsupported
 
@@ -93,6 +93,24 @@ def apply(tx: Translator, fn: Any, args: list[Value]) -> Value:
     return _dunder(tx, fn, args)
 
 
+def same_value(tx: Translator, a: Value, b: Value) -> bool:
+    """`a == b` as a Python bool, identity first (what containers and groupby compare)."""
+    return a is b or apply(tx, operator.eq, [a, b]).truth(tx)
+
+
+def less_than(tx: Translator, a: Value, b: Value) -> bool:
+    """`a < b` as a Python bool, the way sorting asks: sequences compare item by item up
+    to the first that differs, so only the items that decide are compared."""
+    if a.is_constant() and b.is_constant():
+        return apply(tx, operator.lt, [a, b]).as_constant()
+    if isinstance(a, SequenceValue) and isinstance(b, SequenceValue):
+        for x, y in zip(a.items, b.items):
+            if not same_value(tx, x, y):
+                return less_than(tx, x, y)
+        return len(a.items) < len(b.items)
+    return apply(tx, operator.lt, [a, b]).truth(tx)
+
+
 def _identity(fn: Any, a: Value, b: Value) -> Value:
     if a.is_constant() and b.is_constant() and not isinstance(a, SequenceValue | DictValue):
         same = a.as_constant() is b.as_constant()
@@ -112,20 +130,22 @@ def _contains(tx: Translator, container: Value, item: Value) -> Value:
     if isinstance(container, UserObjectValue) and _own_contains(container.cls):
         method = container.type_method(tx, "__contains__")
         return ConstantValue(method.call(tx, [item], {}).truth(tx))
-    if isinstance(container, SetValue):
-        return ConstantValue(container.contains(item))
+    if isinstance(container, SetValue | DictViewValue):
+        return ConstantValue(container.contains(tx, item))
     if isinstance(container, DictValue):
         return ConstantValue(container._key(item) in container.items)
     if isinstance(container, TensorValue) or isinstance(item, TensorValue):
         if isinstance(container, TensorValue):
             raise Unsupported(BreakReason.DATA_DEPENDENT_BRANCH, "`in` on a tensor")
         return ConstantValue(any(v is item for v in container.iterate(tx)))
+    if isinstance(container, IteratorValue):  # pulls up to the first match, as Python does
+        while (v := container.next(tx)) is not None:
+            if same_value(tx, v, item):
+                return ConstantValue(True)
+        return ConstantValue(False)
     if container.is_constant() and item.is_constant():
         return ConstantValue(item.as_constant() in container.as_constant())
-    for v in container.iterate(tx):
-        if v is item or apply(tx, operator.eq, [v, item]).truth(tx):
-            return ConstantValue(True)
-    return ConstantValue(False)
+    return ConstantValue(any(same_value(tx, v, item) for v in container.iterate(tx)))
 
 
 def _own_contains(cls: type) -> bool:
@@ -143,7 +163,7 @@ def _containers(tx: Translator, fn: Any, args: list[Value]) -> Value | None:
     if len(args) != 2:
         return None
     a, b = args
-    combined = set_operation(tx, plain, a, b)
+    combined = set_operation(tx, fn, a, b)
     if combined is not None:
         return combined
     if isinstance(a, SequenceValue) and isinstance(b, SequenceValue) and plain is operator.add:
@@ -156,6 +176,11 @@ def _containers(tx: Translator, fn: Any, args: list[Value]) -> Value | None:
                 if isinstance(a, ListValue)
                 else TupleValue(a.items + b.items)
             )
+    if isinstance(a, DictValue) and isinstance(b, DictValue) and plain is operator.or_:
+        # `d |= m` updates d itself (3.13's ChainMap.__iter__ does it); `d | m`, a copy
+        merged = a if fn is operator.ior else a.call_method(tx, "copy", [], {})
+        merged.call_method(tx, "update", [b], {})
+        return merged
     if isinstance(a, SequenceValue) and b.is_constant() and plain is operator.mul:
         items = a.items * b.as_constant()
         return ListValue(items) if isinstance(a, ListValue) else TupleValue(items)
@@ -165,7 +190,7 @@ def _containers(tx: Translator, fn: Any, args: list[Value]) -> Value | None:
         and fn in (operator.eq, operator.ne)
     ):
         equal = len(a.items) == len(b.items) and all(
-            x is y or apply(tx, operator.eq, [x, y]).truth(tx) for x, y in zip(a.items, b.items)
+            same_value(tx, x, y) for x, y in zip(a.items, b.items)
         )
         return ConstantValue(equal if fn is operator.eq else not equal)
     if a.is_constant() and b.is_constant():
@@ -175,7 +200,7 @@ def _containers(tx: Translator, fn: Any, args: list[Value]) -> Value | None:
             raise Unsupported(BreakReason.EXCEPTION_RAISED, f"{fn.__name__}: {exc}") from exc
         if isinstance(result, list):
             return ListValue([ConstantValue(v) for v in result])
-        if isinstance(result, tuple):
+        if isinstance(result, tuple) and type(result) is tuple:  # a torch.Size stays one
             return TupleValue([ConstantValue(v) for v in result])
         if isinstance(result, set):
             return SetValue(result)

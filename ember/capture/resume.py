@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import types
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -99,11 +100,12 @@ class _Origin:
     prologue: int
 
 
-_origins: dict[types.CodeType, _Origin] = {}
-_made: dict[tuple, types.FunctionType] = {}
+_origins: weakref.WeakKeyDictionary[types.CodeType, _Origin] = weakref.WeakKeyDictionary()
+_made: weakref.WeakValueDictionary[tuple, types.FunctionType] = weakref.WeakValueDictionary()
 """Resume functions by (original code, ordinal, slots, locals, closure): a break that happens
 again at the same place, in a loop or in a resume function, continues in the same function,
-so its cache entries are reused instead of nesting new code objects without end."""
+so its cache entries are reused instead of nesting new code objects without end. Held
+weakly: break code that calls a resume function keeps it alive."""
 
 
 def _ordinal(insts: list[Inst], target: int) -> int:

@@ -17,6 +17,18 @@ if TYPE_CHECKING:
     from ember.capture.codegen import Emitter
 
 
+def _refill_method(container: Value) -> str | None:
+    """How a container that cannot take slice assignment gets new contents."""
+    from ember.capture.values.collection_types import DequeValue
+    from ember.capture.values.containers import DictValue
+
+    if isinstance(container, DictValue):
+        return "update"
+    if isinstance(container, DequeValue):
+        return "extend"
+    return None
+
+
 class SideEffects:
     def __init__(self) -> None:
         self._attrs: dict[int, tuple[Value, dict[str, Value]]] = {}
@@ -24,11 +36,18 @@ class SideEffects:
         self._globals: dict[tuple[int, str], tuple[dict, str, Value]] = {}
         self._cells: dict[int, tuple[Any, Value]] = {}
         self.version = 0
+        self.advances = 0
         """Counts every recorded mutation, also of objects made during capture, so a graph
         break can tell whether a failed instruction had already changed Python state."""
 
     def touch(self) -> None:
         self.version += 1
+
+    def advance(self) -> None:
+        """An iterator made during capture was pulled: a change to restore points (the
+        version) that is not a side effect a user could see (`advances` counts them)."""
+        self.version += 1
+        self.advances += 1
 
     # recording (and reading back: the ledger is the truth during capture)
     def store_attr(self, obj: Value, name: str, value: Value) -> None:
@@ -142,19 +161,19 @@ class SideEffects:
 
     @staticmethod
     def _store_contents(cg: Any, container: Value) -> None:
-        """Replace a container's contents by the new ones on top of the stack."""
-        from ember.capture.values.containers import DictValue
-
+        """Replace a container's contents by the new ones on top of the stack: a list by
+        slice assignment, a dict or deque by `clear()` and `update`/`extend`."""
         source = container.source
-        if isinstance(container, DictValue):  # stack: contents
+        refill = _refill_method(container)
+        if refill is not None:  # stack: contents
             source.emit(cg)
             cg.load_method("clear")
             cg.call(0)
             cg.pop_top()
             source.emit(cg)
-            cg.load_method("update")  # contents, update's callable pair
+            cg.load_method(refill)  # contents, the method's callable pair
             cg.swap(2)
-            cg.swap(3)  # update's callable pair, contents
+            cg.swap(3)  # the method's callable pair, contents
             cg.call(1)
             cg.pop_top()
             return

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import weakref
 from typing import Any
 
 from ember.bytecode import CodeBuilder
@@ -29,6 +30,8 @@ class GuardScope:
         """Assignments made since the caller last took them (`take_assignments`)."""
         self.readable: dict[str, str] = {}
         """Local name -> the source's readable name (for failure reports)."""
+        self.held_by_identity: list[weakref.ref] = []
+        """Objects the checks compare by address (see `identity`)."""
 
     def bind(self, source: Source, text: str) -> str:
         """A local holding the value of `source` (whose expression is `text`)."""
@@ -42,6 +45,17 @@ class GuardScope:
     def take_assignments(self) -> list[str]:
         taken, self.pending = self.pending, []
         return taken
+
+    def identity(self, value: Any) -> str | None:
+        """`id(value)` for an identity check, remembering the object weakly (the cache entry
+        dies with it, so its address cannot be taken by another object meanwhile); None for
+        objects that cannot be weakly referenced (they are held, as constants)."""
+        try:
+            ref = weakref.ref(value)
+        except TypeError:
+            return None
+        self.held_by_identity.append(ref)
+        return str(id(value))
 
     def const(self, value: Any, hint: str = "c") -> str:
         """A guard-global name bound to `value` (one name per object)."""
@@ -235,3 +249,20 @@ class ModuleEntrySource(Source):
         cg.load_attr(self.table)
         cg.load_const(self.key)
         cg.subscr()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class IterationSource(Source):
+    """`list(base)`: what iterating an object yields, in order (a set's order is its table's,
+    which equal sets need not share): guarded, never reloaded."""
+
+    base: Source
+
+    def name(self) -> str:
+        return f"list({self.base.name()})"
+
+    def expr(self, scope: GuardScope) -> str:
+        return scope.bind(self, f"list({self.base.expr(scope)})")
+
+    def emit(self, cg: CodeBuilder) -> None:
+        raise NotImplementedError("only guarded, never reloaded")

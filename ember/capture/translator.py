@@ -24,8 +24,9 @@ from ember.capture.side_effects import SideEffects
 from ember.capture.sources import CellSource, ForeignGlobalSource, GlobalSource, LocalSource
 from ember.capture.values.base import Value
 from ember.capture.values.builder import ValueBuilder
-from ember.capture.values.containers import DictValue, IteratorValue, TupleValue
+from ember.capture.values.containers import DictValue, TupleValue
 from ember.capture.values.functions import RealCell
+from ember.capture.values.iterators import GeneratorIterator
 from ember.errors import BreakReason, Unsupported
 
 MAX_STEPS = 200_000
@@ -292,9 +293,8 @@ class Translator:
         """Interpret a user function's body in a child frame and return its result.
 
         A generator function (most often a generator expression passed to `sum`, `any`,
-        `tuple`, ...) runs to exhaustion and stands for an iterator over what it yielded:
-        what an unrolled trace does anyway, every value a consumer could pull computed once,
-        in order, into the same graph."""
+        `tuple`, ...) returns a generator whose frame runs up to each yield when its consumer
+        pulls, as in Python (values/iterators.py)."""
         if code.co_flags & (
             inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
         ):
@@ -306,9 +306,7 @@ class Translator:
         child = Translator(self.ctx, code, f_globals, f_locals, cells, parent=self)
         if not code.co_flags & inspect.CO_GENERATOR:
             return child.run()
-        child.yielded = []  # marks the frame as a generator for RETURN_GENERATOR / YIELD_VALUE
-        returned = child.run()
-        return IteratorValue(child.yielded, returned)
+        return GeneratorIterator(child)
 
 
 def bind_arguments(

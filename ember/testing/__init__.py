@@ -29,6 +29,21 @@ class CompileCounter:
         self.graphs.clear()
 
 
+class CountingBackend(CompileCounter):
+    """Counts graphs like CompileCounter, and compiles them with a named ember backend
+    ("eager", "aot_eager", "ember")."""
+
+    def __init__(self, backend: str) -> None:
+        super().__init__()
+        from ember.backends import lookup
+
+        self.backend = lookup(backend)
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
+        super().__call__(gm, example_inputs)
+        return self.backend(gm, example_inputs)
+
+
 def assert_same(
     actual: Any, expected: Any, *, rtol: float = 1e-5, atol: float = 1e-6, path: str = "result"
 ) -> None:
@@ -43,6 +58,9 @@ def assert_same(
         )
         return
     assert type(actual) is type(expected), f"{path}: type {type(actual)} != {type(expected)}"
+    if type(expected).__module__ == "numpy" and type(expected).__name__ == "ndarray":
+        assert_same(torch.from_numpy(actual), torch.from_numpy(expected), path=path)
+        return
     if isinstance(expected, (list, tuple)):
         assert len(actual) == len(expected), f"{path}: length {len(actual)} != {len(expected)}"
         for i, (a, e) in enumerate(zip(actual, expected)):

@@ -17,7 +17,7 @@ import torch
 import ember
 from ember.capture import cache, frame
 from ember.capture.cache import CacheEntry
-from ember.testing import CompileCounter, assert_same
+from ember.testing import CompileCounter, CountingBackend, assert_same
 
 
 @dataclasses.dataclass
@@ -69,20 +69,6 @@ def _run(fn: Callable[..., Any], case: Case) -> tuple[Any, tuple, Any, str, bool
         result = fn(*args)
     state = copy.deepcopy(case.state()) if case.state is not None else None
     return result, args, state, out.getvalue(), torch.is_grad_enabled()
-
-
-class CountingBackend(CompileCounter):
-    """Counts graphs like CompileCounter, and compiles them with a real backend."""
-
-    def __init__(self, backend: str) -> None:
-        super().__init__()
-        from ember.backends import lookup
-
-        self.backend = lookup(backend)
-
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
-        super().__call__(gm, example_inputs)
-        return self.backend(gm, example_inputs)
 
 
 def check_case(

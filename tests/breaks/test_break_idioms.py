@@ -224,7 +224,7 @@ CASES = [
         _g_reset,
         eager=0 if PY312 else 1,
     ),
-    Case(genexpr_with_print, one, 0, 1, _g_state, _g_reset, eager=2),
+    Case(genexpr_with_print, one, 0, 0, _g_state, _g_reset, eager=1),  # as under Dynamo
     Case(while_else_with_print, one, 3, 2, _g_state, _g_reset, eager=0),
     Case(local_closure_helper_breaks, one, 2, 2, _g_state, _g_reset, eager=0),
     Case(

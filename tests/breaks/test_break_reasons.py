@@ -116,6 +116,12 @@ def r_match(x):
     return x
 
 
+def r_graph_break(x):
+    y = x.sin()
+    ember.graph_break()
+    return y.cos()
+
+
 def _args(fn):
     if fn is r_slotted:
         return (x0.clone(), Slotted())
@@ -140,12 +146,14 @@ REASONS = [
     (r_nonzero, BreakReason.DATA_DEPENDENT_OP),
     (r_del_global, BreakReason.UNSUPPORTED_OPCODE),
     (r_match, BreakReason.UNSUPPORTED_OPCODE),
+    (r_graph_break, BreakReason.FORCED),
 ]
 REASON_IDS = [f"{r.name}-{fn.__name__}" for fn, r in REASONS]
 
 
 def test_every_reason_has_a_case():
-    assert {r for _, r in REASONS} == set(BreakReason)
+    # the recompile limit is no construct at a line: test_fidelity_crashes covers it
+    assert {r for _, r in REASONS} | {BreakReason.RECOMPILE_LIMIT} == set(BreakReason)
 
 
 @pytest.fixture

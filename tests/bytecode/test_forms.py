@@ -74,6 +74,15 @@ def p_star_call(x, *args, **kwargs):
     return torch.add(x, *args, **kwargs)
 
 
+def p_dict_union(x):
+    # 3.13's collections.ChainMap iterates through `d |= mapping`
+    d = {"a": x}
+    alias = d
+    d |= {"b": x + 1}
+    merged = d | {"c": 2}
+    return alias is d, list(alias), list(merged), merged["b"] * 2, merged is d
+
+
 def p_comparisons_in_tests(x, n):
     if not n and x.dim() < 3 <= x.numel():
         return x + 1
@@ -88,6 +97,7 @@ CASES = [
     (p_yield_from, (x0,)),
     (p_super_method, (x0,)),
     (p_star_call, (x0, x0)),
+    (p_dict_union, (x0,)),
     (p_comparisons_in_tests, (x0, 0)),
     (p_comparisons_in_tests, (x0, None)),
 ]

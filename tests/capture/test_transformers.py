@@ -16,20 +16,7 @@ import torch
 import transformers  # the `test` extra installs it: a missing one fails, it is not skipped
 
 import ember
-from ember.backends import lookup
-from ember.testing import CompileCounter, assert_same
-
-
-class CountingBackend(CompileCounter):
-    """Counts graphs, and compiles them with a real backend."""
-
-    def __init__(self, backend: str) -> None:
-        super().__init__()
-        self.backend = lookup(backend)
-
-    def __call__(self, gm, example_inputs):
-        super().__call__(gm, example_inputs)
-        return self.backend(gm, example_inputs)
+from ember.testing import CountingBackend, assert_same
 
 
 def _gpt2(train: bool = False):

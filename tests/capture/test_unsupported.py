@@ -127,6 +127,12 @@ def u_tensor_format(x):
     return f"{x}"  # BREAK
 
 
+def u_graph_break(x):
+    y = x + 1
+    ember.graph_break()  # BREAK
+    return y * 2
+
+
 CASES = [
     (u_print, BreakReason.UNSUPPORTED_CALL, lambda: (torch.randn(2, 3),)),
     (u_data_dependent_branch, BreakReason.DATA_DEPENDENT_BRANCH, lambda: (torch.randn(2, 3),)),
@@ -143,6 +149,7 @@ CASES = [
     (u_inner_function_breaks, BreakReason.UNSUPPORTED_CALL, lambda: (torch.randn(2, 3),)),
     (u_tensor_format, BreakReason.TENSOR_TO_PYTHON, lambda: (torch.randn(2, 3),)),
     (u_range_of_tensor, BreakReason.TENSOR_TO_PYTHON, lambda: (torch.ones(3),)),
+    (u_graph_break, BreakReason.FORCED, lambda: (torch.ones(3),)),
 ]
 
 
@@ -216,4 +223,5 @@ def test_shape_error_is_a_tensor_op_failure():
 
 def test_every_break_reason_has_a_test():
     tested = {c[1] for c in CASES} | {BreakReason.INLINE_DEPTH, BreakReason.TENSOR_OP_FAILED}
+    tested.add(BreakReason.RECOMPILE_LIMIT)  # not a construct: test_fidelity_crashes
     assert tested == set(BreakReason)

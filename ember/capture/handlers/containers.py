@@ -5,13 +5,8 @@ from __future__ import annotations
 from ember.bytecode import Op
 from ember.capture.handlers import handler
 from ember.capture.values.base import ConstantValue, Value
-from ember.capture.values.containers import (
-    DictValue,
-    ListValue,
-    SetValue,
-    SliceValue,
-    TupleValue,
-)
+from ember.capture.values.containers import DictValue, ListValue, SliceValue, TupleValue
+from ember.capture.values.sets import SetValue
 from ember.errors import BreakReason, Unsupported
 
 
@@ -87,9 +82,7 @@ def set_add(tx, inst):
 @handler(Op.SET_UPDATE)
 def set_update(tx, inst):
     value = tx.pop()
-    target = tx.peek(inst.arg)
-    for item in value.iterate(tx):
-        target.add(item)
+    tx.peek(inst.arg).update(tx, value)
 
 
 @handler(Op.MAP_ADD)

@@ -71,7 +71,7 @@ def for_iter(tx, inst):
     iterator = tx.peek()
     if not isinstance(iterator, IteratorValue):
         raise Unsupported(BreakReason.DYNAMIC_CONTROL_FLOW, f"for over {iterator.describe()}")
-    item = iterator.next()
+    item = iterator.next(tx)
     if item is None:
         tx.pop()
         tx.ip = inst.target

@@ -1,6 +1,6 @@
 """Generator frames: RETURN_GENERATOR, YIELD_VALUE and `yield from` (GET_YIELD_FROM_ITER,
-SEND, END_SEND) inside a generator being run to exhaustion by `values/generators.py` (the
-frame carries a `yielded` list). The delegated-to iterable is materialized like any loop."""
+SEND, END_SEND) inside a generator that its consumer pulls from (values/iterators.py: the
+frame carries a `yielded` list and stops after each yield)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from ember.bytecode import Op
 from ember.capture.handlers import handler
 from ember.capture.values.base import ConstantValue
 from ember.capture.values.containers import IteratorValue
+from ember.capture.values.iterators import GeneratorSuspended
 from ember.errors import BreakReason, Unsupported
 
 
@@ -33,6 +34,7 @@ def return_generator(tx, inst):
 def yield_value(tx, inst):
     _yielded(tx).append(tx.pop())
     tx.push(ConstantValue(None))  # what `yield` evaluates to: nothing is ever sent
+    raise GeneratorSuspended  # the frame waits here until its consumer pulls again
 
 
 @handler(Op.GET_YIELD_FROM_ITER)
@@ -46,7 +48,7 @@ def get_yield_from_iter(tx, inst):
 def send(tx, inst):
     tx.pop()  # the sent value: always None, nothing is ever sent
     iterator = tx.peek()
-    item = iterator.next()
+    item = iterator.next(tx)
     if item is not None:
         tx.push(item)  # YIELD_VALUE yields it, then the loop jumps back here
         return

@@ -9,6 +9,7 @@ rebuilt by `reconstruct` in the replacement bytecode.
 
 from __future__ import annotations
 
+import types
 from typing import TYPE_CHECKING, Any
 
 from ember.capture.sources import Source
@@ -17,6 +18,18 @@ from ember.errors import BreakReason, Unsupported
 if TYPE_CHECKING:
     from ember.capture.codegen import Emitter
     from ember.capture.translator import Translator
+
+
+def from_class_statement(cls: type) -> bool:
+    """Whether a class statement (or `type(...)`) made `cls`, rather than C. A C type can be
+    a heap type too when its module makes it at import (functools.partial, re.Pattern; on
+    3.13 also deque, defaultdict, itertools' types, Decimal), but those are immutable, and a
+    class made in Python never is."""
+    flags = cls.__flags__
+    return bool(flags & _HEAPTYPE) and not flags & _IMMUTABLETYPE
+
+
+_HEAPTYPE, _IMMUTABLETYPE = 1 << 9, 1 << 8  # Py_TPFLAGS_HEAPTYPE, Py_TPFLAGS_IMMUTABLETYPE
 
 
 class NotConstant(Unsupported):
@@ -82,6 +95,11 @@ class Value:
     def length(self, tx: Translator) -> int:
         raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"len() of {self.describe()}")
 
+    def contained(self) -> list[Value]:
+        """The values this one holds and rebuilds with itself (a set's members, a view's
+        dict): their tensors must be outputs of the graph."""
+        return []
+
     def reconstruct(self, em: Emitter) -> None:
         """Emit bytecode that pushes this value at run time."""
         if self.source is not None:
@@ -130,7 +148,7 @@ class ConstantValue(Value):
         return len(self.value)
 
     def iterate(self, tx: Translator) -> list[Value]:
-        if isinstance(self.value, (str, bytes, range, frozenset, tuple)):
+        if isinstance(self.value, (str, bytes, range, frozenset, tuple, types.MappingProxyType)):
             return [ConstantValue(v) for v in self.value]
         return super().iterate(tx)
 

@@ -13,6 +13,7 @@ import dataclasses
 import enum
 import functools
 import os
+import sys
 import types
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -20,9 +21,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ember.capture.guards import GuardKind
-from ember.capture.sources import AttrSource, ConstSource, ItemSource, Source
+from ember.capture.sources import AttrSource, ConstSource, ItemSource, IterationSource, Source
 from ember.capture.values.base import ConstantValue, Value
-from ember.capture.values.containers import DictValue, ListValue, SetValue, TupleValue
+from ember.capture.values.callables import getter_value
+from ember.capture.values.compiler import is_allowed_in_graph, register_dynamo_functions
+from ember.capture.values.containers import DictValue, ListValue, TupleValue, hashes_by_identity
 from ember.capture.values.functions import (
     BoundMethodValue,
     BuiltinValue,
@@ -31,12 +34,12 @@ from ember.capture.values.functions import (
     UserFunctionValue,
 )
 from ember.capture.values.objects import (
-    ClassValue,
     GradModeValue,
     ModuleValue,
     PyModuleValue,
     UserObjectValue,
 )
+from ember.capture.values.sets import SetValue
 from ember.errors import BreakReason, Unsupported
 
 if TYPE_CHECKING:
@@ -59,7 +62,11 @@ _CONSTANT_TYPES = (
     range,
     torch.Size,
     types.CodeType,
+    *((sys.modules["numpy"].generic, sys.modules["numpy"].dtype) if "numpy" in sys.modules else ()),
 )
+
+_SINGLETON_TYPES = (enum.Enum, dataclasses.Field)
+"""Immutable in practice and compared by identity: enum members, a dataclass's fields."""
 
 _KEY_TYPES = (str, int, float, type(None), type, types.FunctionType, enum.Enum, torch.nn.Module)
 """Keys of an outside dict that ember can stand for: constants compared by value (in the key
@@ -101,6 +108,8 @@ class ValueBuilder:
     def __init__(self, ctx: CaptureContext) -> None:
         self.ctx = ctx
         self._by_id: dict[int, Value] = {}
+        self._classes: dict[type, Value] = {}
+        self._real: dict[int, tuple[Value, Any]] = {}
 
     def wrap(self, value: Any, source: Source) -> Value:
         """A guarded symbolic value for an object reached through `source`."""
@@ -112,7 +121,14 @@ class ValueBuilder:
         result = self._wrap(value, source)
         if not isinstance(result, ConstantValue):
             self._by_id[id(value)] = result
+        self._real[id(result)] = (result, value)
         return result
+
+    def real_object(self, value: Value) -> Any | None:
+        """The object a value reached through a source stands for (None for one made by
+        the trace)."""
+        entry = self._real.get(id(value))
+        return entry[1] if entry is not None and entry[0] is value else None
 
     def _wrap(self, value: Any, source: Source) -> Value:
         guards = self.ctx.guards
@@ -120,6 +136,9 @@ class ValueBuilder:
             return self.ctx.out.graph_input(source, value)
         if isinstance(value, _CONSTANT_TYPES):
             guards.add(GuardKind.EQUALS_MATCH, source, value)
+            return ConstantValue(value, source)
+        if isinstance(value, _SINGLETON_TYPES):  # members are unique: the identity says all
+            guards.add(GuardKind.ID_MATCH, source, value)
             return ConstantValue(value, source)
         if isinstance(value, tuple):
             guards.add(GuardKind.LENGTH_MATCH, source, (type(value), len(value)))
@@ -131,10 +150,17 @@ class ValueBuilder:
             return ListValue(
                 [self.wrap(v, ItemSource(source, i)) for i, v in enumerate(value)], source
             )
-        if isinstance(value, dict):
+        if isinstance(value, dict | types.MappingProxyType):
             result = self._wrap_dict(value, source)
             if result is not None:
                 return result
+        if type(value) is collections.deque:
+            from ember.capture.values.collection_types import DequeValue
+
+            guards.add(GuardKind.LENGTH_MATCH, source, (collections.deque, len(value)))
+            guards.add(GuardKind.EQUALS_MATCH, AttrSource(source, "maxlen"), value.maxlen)
+            items = [self.wrap(v, ItemSource(source, i)) for i, v in enumerate(value)]
+            return DequeValue(items, value.maxlen, source)
         if value is os.environ:
             return self._wrap_environ(source)
         if isinstance(value, torch.nn.Module):
@@ -143,9 +169,13 @@ class ValueBuilder:
         if type(value) is weakref.ReferenceType:
             guards.add(GuardKind.TYPE_MATCH, source, weakref.ReferenceType)
             return WeakRefValue(value, source)
-        if type(value) is set and all(isinstance(v, _CONSTANT_TYPES) for v in value):
-            guards.add(GuardKind.EQUALS_MATCH, source, set(value))  # a copy: later edits fail it
-            return SetValue(value, source=source)
+        if type(value) in (set, frozenset) and all(isinstance(v, _CONSTANT_TYPES) for v in value):
+            # members and their order (a copy of a set need not iterate as the set does)
+            guards.add(GuardKind.EQUALS_MATCH, IterationSource(source), list(value))
+            result = SetValue(source=source, frozen=type(value) is frozenset)
+            result.members = value  # read only: the trace never changes a set from outside
+            result.entries = {k: ConstantValue(k) for k in value}
+            return result
         return self._wrap_callable_or_object(value, source)
 
     def _wrap_dict(self, value: dict, source: Source) -> Value | None:
@@ -163,13 +193,21 @@ class ValueBuilder:
         for k in value:
             if isinstance(k, _KEY_TYPES) and not isinstance(k, torch.nn.Module):
                 keys[k] = k
-            elif isinstance(k, torch.nn.Module):
+            elif isinstance(k, torch.nn.Module) or hashes_by_identity(type(k)):
+                # compared by identity (the key guard holds them): modules, typing forms
                 keys[k] = IdentityKey(self.wrap(k, ConstSource(k, f"key {type(k).__name__}")))
             else:
                 return None
         self.ctx.guards.add(GuardKind.DICT_KEYS, source, (cls, list(value)))
         items = {keys[k]: self.wrap(v, ItemSource(source, k)) for k, v in value.items()}
-        return DictValue(items, source, dict_type=cls)
+        if cls is collections.defaultdict:
+            from ember.capture.values.collection_types import DefaultDictValue
+
+            factory = self.wrap(value.default_factory, AttrSource(source, "default_factory"))
+            return DefaultDictValue(items, factory, source)
+        result = DictValue(items, source, dict_type=cls)
+        result.read_only = cls is types.MappingProxyType
+        return result
 
     def _wrap_environ(self, source: Source) -> Value:
         """os.environ as a dict of its entries: its Mapping methods (`get`, `in`) catch the
@@ -217,21 +255,32 @@ class ValueBuilder:
                 k: self.wrap(v, ItemSource(AttrSource(source, "keywords"), k))
                 for k, v in value.keywords.items()
             }
-            return PartialValue(fn, args, kwargs)
+            return PartialValue(fn, args, kwargs, source, value)
+        if isinstance(value, functools._lru_cache_wrapper):
+            # lru_cache / cache: the wrapped function is inlined (as Dynamo does); the cache
+            # itself is skipped, which only a function with side effects could tell
+            guards.add(GuardKind.ID_MATCH, source, value)
+            return self.wrap(value.__wrapped__, AttrSource(source, "__wrapped__"))
+        getter = getter_value(value)
+        if getter is not None:
+            guards.add(GuardKind.ID_MATCH, source, value)
+            return getter
         if hasattr(value, "__dict__") and not isinstance(value, type):
             guards.add(GuardKind.TYPE_MATCH, source, type(value))
             return UserObjectValue(type(value), source, value)
-        raise Unsupported(
-            BreakReason.UNSUPPORTED_OBJECT, f"object of type {type(value).__qualname__}"
-        )
+        guards.add(GuardKind.TYPE_MATCH, source, type(value))
+        return OpaqueValue(type(value), source)
 
     def _special(self, value: Any) -> Value | None:
         """Values identified by what they are: functions, classes, Python modules."""
         if isinstance(value, types.FunctionType):
             from ember.capture.values.builtins import BUILTINS
 
+            register_dynamo_functions(BUILTINS)
             if value in BUILTINS:  # Python functions modelled directly (dataclasses.fields)
                 return BuiltinValue(value)
+        if callable(value) and is_allowed_in_graph(value):
+            return TorchFunctionValue(value)
         if isinstance(value, types.FunctionType) and not _is_torch_function(value):
             return UserFunctionValue(value)
         if _is_torch_function(value):
@@ -259,14 +308,23 @@ class ValueBuilder:
 
             if value in BUILTINS:
                 return BuiltinValue(value)
-            return ClassValue(value)
+            return self.class_value(value)
         if isinstance(value, types.ModuleType):
             return PyModuleValue(value)
         return None
 
+    def class_value(self, cls: type) -> Value:
+        """The one value of `cls` in this capture (class attribute writes are kept on it)."""
+        from ember.capture.values.classes import ClassValue
+
+        value = self._classes.get(cls)
+        if value is None:
+            value = self._classes[cls] = ClassValue(cls)
+        return value
+
     def wrap_const(self, value: Any) -> Value:
         """A value the trace produced itself (folded results, defaults, module attributes)."""
-        if isinstance(value, _CONSTANT_TYPES):
+        if isinstance(value, _CONSTANT_TYPES + _SINGLETON_TYPES):
             return ConstantValue(value)
         if isinstance(value, torch.Tensor):
             return self.wrap(value, ConstSource(value, f"constant tensor {id(value):#x}"))
@@ -327,6 +385,28 @@ class WeakRefValue(Value):
         em.cg.load_const(weakref.ref, push_null=True)
         em.reconstruct(self.referent)
         em.cg.call(1)
+
+
+class OpaqueValue(Value):
+    """An object ember cannot look into (a numpy array, a C extension's object, a
+    `__slots__` class): it can be held, passed and returned as it is; anything done to it
+    (an attribute, a call, a truth test) breaks the graph there and runs in Python."""
+
+    def __init__(self, cls: type, source: Source) -> None:
+        self.cls = cls
+        self.source = source
+
+    def describe(self) -> str:
+        return f"{self.cls.__module__}.{self.cls.__qualname__} object"
+
+    def python_type(self) -> type:
+        return self.cls  # pinned by the TYPE_MATCH guard
+
+    def getattr(self, tx: Any, name: str) -> Value:
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_OBJECT,
+            f"attribute {name!r} of {self.describe()}, an object ember cannot look into",
+        )
 
 
 class GradModeClassValue(Value):

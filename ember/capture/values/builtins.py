@@ -10,26 +10,35 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import itertools
+import heapq
 import math
 import operator
+import sys
+import types
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ember.capture.values.base import ConstantValue, MissingAttribute, Value, all_constant
+from ember.capture.values import compiler
+from ember.capture.values.base import (
+    ConstantValue,
+    MissingAttribute,
+    Value,
+    all_constant,
+    from_class_statement,
+)
 from ember.capture.values.containers import (
     DictValue,
     IteratorValue,
     ListValue,
-    SetValue,
     SliceValue,
     TupleValue,
     iterator_over,
 )
 from ember.capture.values.functions import PartialValue
+from ember.capture.values.sets import SetValue
 from ember.capture.values.tensor import TensorValue, tensor_op
 from ember.errors import BreakReason, Unsupported
 
@@ -80,6 +89,7 @@ _PURE_BUILTINS = {
     isinstance,
     issubclass,
     callable,
+    sys.intern,
 }
 
 
@@ -93,7 +103,19 @@ def is_pure(fn: Any) -> bool:
     owner = getattr(fn, "__self__", None)
     return isinstance(
         owner,
-        (str, int, float, bytes, tuple, frozenset, complex, torch.dtype, torch.device, torch.Size),
+        (
+            str,
+            int,
+            float,
+            bytes,
+            tuple,
+            frozenset,
+            complex,
+            torch.dtype,
+            torch.device,
+            torch.Size,
+            types.MappingProxyType,
+        ),
     )
 
 
@@ -168,6 +190,15 @@ def _setattr(tx, args, kwargs):
     return ConstantValue(None)
 
 
+@handles(delattr)
+def _delattr(tx, args, kwargs):
+    delete = getattr(args[0], "delattr", None)
+    if delete is None:
+        raise Unsupported(BreakReason.SIDE_EFFECT, f"deleting an attribute of {args[0].describe()}")
+    delete(tx, args[1].as_constant())
+    return ConstantValue(None)
+
+
 @handles(object.__setattr__)
 def _object_setattr(tx, args, kwargs):
     """The default store, bypassing a class's own `__setattr__` (frozen dataclasses)."""
@@ -183,25 +214,26 @@ def _object_getattribute(tx, args, kwargs):
     return BuiltinMethodValue(object.__getattribute__, args[0]).call(tx, args[1:], kwargs)
 
 
+@handles(id)
+def _id(tx, args, kwargs):
+    """The address of an object from outside, which the guard then pins (the entry is
+    dropped if it dies). Objects the trace makes, and tensors (a new one every call), have
+    no address known while tracing."""
+    from ember.capture.guards import GuardKind
+
+    value = args[0]
+    real = tx.ctx.builder.real_object(value)
+    if real is None or value.source is None or isinstance(value, TensorValue):
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_CALL, f"id() of {value.describe()}, known only at run time"
+        )
+    tx.ctx.guards.add(GuardKind.ID_MATCH, value.source, real)
+    return ConstantValue(id(real))
+
+
 @handles(range)
 def _range(tx, args, kwargs):
     return ConstantValue(range(*(a.as_constant() for a in args)))
-
-
-@handles(enumerate)
-def _enumerate(tx, args, kwargs):
-    start = (args[1] if len(args) > 1 else kwargs.get("start", ConstantValue(0))).as_constant()
-    items = args[0].iterate(tx)
-    return IteratorValue([TupleValue([ConstantValue(i + start), v]) for i, v in enumerate(items)])
-
-
-@handles(zip)
-def _zip(tx, args, kwargs):
-    columns = [a.iterate(tx) for a in args]
-    strict = kwargs.get("strict", ConstantValue(False)).as_constant()
-    if strict and len({len(c) for c in columns}) > 1:
-        raise Unsupported(BreakReason.EXCEPTION_RAISED, "zip(strict=True) lengths differ")
-    return IteratorValue([TupleValue(list(row)) for row in zip(*columns)])
 
 
 @handles(reversed)
@@ -219,7 +251,7 @@ def _next(tx, args, kwargs):
     it = args[0]
     if not isinstance(it, IteratorValue):
         raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"next() on {it.describe()}")
-    value = it.next()
+    value = it.next(tx)
     if value is None:
         if len(args) > 1:
             return args[1]
@@ -249,7 +281,19 @@ def _dict(tx, args, kwargs):
 
 @handles(set, frozenset)
 def _set(tx, args, kwargs):
-    return SetValue(values=args[0].iterate(tx) if args else [])
+    result = SetValue()
+    if args:
+        result.update(tx, args[0])
+    return result
+
+
+@handles(frozenset)
+def _frozenset(tx, args, kwargs):
+    if args and isinstance(args[0], SetValue) and args[0].frozen:
+        return args[0]  # frozenset(f) is f
+    result = _set(tx, args, kwargs)
+    result.frozen = True
+    return result
 
 
 @handles(slice)
@@ -322,8 +366,9 @@ def _sum(tx, args, kwargs):
 
 
 def _any_all(fn: Any) -> Handler:
-    def handler(tx, args, kwargs):
-        return ConstantValue(fn(v.truth(tx) for v in args[0].iterate(tx)))
+    def handler(tx, args, kwargs):  # stops at the first deciding item, as Python does
+        iterator = iterator_over(tx, args[0])
+        return ConstantValue(fn(v.truth(tx) for v in iter(lambda: iterator.next(tx), None)))
 
     return handler
 
@@ -332,38 +377,41 @@ BUILTINS[any] = _any_all(any)
 BUILTINS[all] = _any_all(all)
 
 
-@handles(map)
-def _map(tx, args, kwargs):
-    fn, columns = args[0], [a.iterate(tx) for a in args[1:]]
-    return IteratorValue([fn.call(tx, list(row), {}) for row in zip(*columns)])
-
-
-@handles(filter)
-def _filter(tx, args, kwargs):
-    fn, items = args[0], args[1].iterate(tx)
-    if fn.is_constant() and fn.as_constant() is None:
-        return IteratorValue([v for v in items if v.truth(tx)])
-    return IteratorValue([v for v in items if fn.call(tx, [v], {}).truth(tx)])
-
-
 @handles(sorted)
 def _sorted(tx, args, kwargs):
-    """Sorted by constant keys (the items may be anything: `sorted(d.items(), key=...)`)."""
-    items = args[0].iterate(tx)
+    """Python's own sort over the keys, each `<` decided on the values (a tuple key compares
+    as far as its first differing item: `(1, tensor) < (2, tensor)` needs no tensor)."""
+    from ember.capture.operators import less_than
+
+    items = iterator_over(tx, args[0]).iterate(tx)
     key_fn = kwargs.get("key")
     if key_fn is not None and not (key_fn.is_constant() and key_fn.as_constant() is None):
         keys = [key_fn.call(tx, [item], {}) for item in items]
     else:
         keys = items
-    if not all_constant(keys):
-        raise Unsupported(
-            BreakReason.DATA_DEPENDENT_BRANCH,
-            "sorted() compares values only known at run time",
-            hint="sort by a Python key (a name, a shape), or use torch.sort",
-        )
     reverse = kwargs.get("reverse", ConstantValue(False)).as_constant()
-    order = sorted(range(len(items)), key=lambda i: keys[i].as_constant(), reverse=reverse)
+    order = sorted(
+        range(len(items)),
+        key=functools.cmp_to_key(lambda i, j: -1 if less_than(tx, keys[i], keys[j]) else 0),
+        reverse=reverse,
+    )
     return ListValue([items[i] for i in order])
+
+
+def _n_extremes(largest: bool) -> Handler:
+    """heapq.nlargest / nsmallest, documented as `sorted(iterable, key=key,
+    reverse=largest)[:n]` (their C heap helpers aside)."""
+
+    def handler(tx, args, kwargs):
+        n = args[0].as_constant()
+        ordered = _sorted(tx, [args[1]], {**kwargs, "reverse": ConstantValue(largest)})
+        return ListValue(ordered.items[:n])
+
+    return handler
+
+
+BUILTINS[heapq.nlargest] = _n_extremes(True)
+BUILTINS[heapq.nsmallest] = _n_extremes(False)
 
 
 @handles(pow)
@@ -395,6 +443,18 @@ for _cls in (torch.finfo, torch.iinfo, torch.Size, torch.device):
     BUILTINS[_cls] = _fold_constructor(_cls)
 
 
+def _numpy_constructors() -> list[Any]:
+    """numpy's dtype queries and scalar types, when numpy is there (torch loads it)."""
+    np = sys.modules.get("numpy")
+    if np is None:
+        return []
+    return [np.finfo, np.iinfo, np.dtype, *sorted(set(np.sctypeDict.values()), key=str)]
+
+
+for _cls in _numpy_constructors():
+    BUILTINS[_cls] = _fold_constructor(_cls)
+
+
 @handles(functools.reduce)
 def _reduce(tx, args, kwargs):
     fn, items = args[0], args[1].iterate(tx)
@@ -407,18 +467,6 @@ def _reduce(tx, args, kwargs):
     for item in rest:
         total = fn.call(tx, [total, item], {})
     return total
-
-
-@handles(itertools.chain)
-def _chain(tx, args, kwargs):
-    return IteratorValue([v for a in args for v in a.iterate(tx)])
-
-
-@handles(itertools.product)
-def _product(tx, args, kwargs):
-    repeat = kwargs.get("repeat", ConstantValue(1)).as_constant()
-    columns = [a.iterate(tx) for a in args] * repeat
-    return IteratorValue([TupleValue(list(row)) for row in itertools.product(*columns)])
 
 
 @handles(collections.OrderedDict)
@@ -567,7 +615,17 @@ def _object_new(tx, args, kwargs):
     ):
         raise Unsupported(BreakReason.UNSUPPORTED_CALL, "object.__new__ with these arguments")
     if cls.__mro__[1:] and any(
-        k.__flags__ & (1 << 9) == 0 and k is not object for k in cls.__mro__
+        not from_class_statement(k) and k is not object for k in cls.__mro__
     ):  # a builtin base (dict, list, ...) is not modelled here
         raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"object.__new__({cls.__qualname__})")
     return UserObjectValue(cls)
+
+
+compiler.register(BUILTINS)
+
+from ember.capture.values import (  # noqa: E402, F401  (they register their handlers)
+    callables,
+    classes,
+    collection_types,
+    iteration,
+)

@@ -7,16 +7,34 @@ outside (it has a source) is recorded in the side-effect ledger and replayed aft
 
 from __future__ import annotations
 
+import collections
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ember.capture.values.base import ConstantValue, Value, all_constant
+from ember.capture.values.base import (
+    ConstantValue,
+    MissingAttribute,
+    Value,
+    all_constant,
+    from_class_statement,
+)
 from ember.errors import BreakReason, Unsupported
 
 if TYPE_CHECKING:
     from ember.capture.codegen import Emitter
     from ember.capture.translator import Translator
+
+
+_DICT_WRITES = frozenset(
+    ["update", "setdefault", "pop", "popitem", "clear", "move_to_end", "__setitem__"]
+)
+
+
+def _flag(args: list[Value], kwargs: dict, index: int, name: str, default: bool) -> bool:
+    if len(args) > index:
+        return args[index].as_constant()
+    return kwargs[name].as_constant() if name in kwargs else default
 
 
 def _index(tx: Translator, key: Value) -> Any:
@@ -76,10 +94,22 @@ class SequenceValue(Value):
 
     def getattr(self, tx: Translator, name: str) -> Value:
         from ember.capture.values.functions import MethodValue
+        from ember.capture.values.objects import _class_attribute
 
-        if hasattr(self.python_type(), name):
+        cls = self.python_type()
+        if cls not in (list, tuple) and _defined_in_python(cls, name):
+            return _class_attribute(tx, self, cls, name, None)  # a subclass's own method
+        if hasattr(cls, name):
             return MethodValue(self, name)
-        return super().getattr(tx, name)
+        raise MissingAttribute(f"{cls.__name__!r} object has no attribute {name!r}")
+
+
+def _defined_in_python(cls: type, name: str) -> bool:
+    """`name` comes from a class statement (a subclass of a builtin), not from C."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return from_class_statement(klass)
+    return False
 
 
 class TupleValue(SequenceValue):
@@ -100,9 +130,13 @@ class TupleValue(SequenceValue):
         return tuple(values)
 
     def getattr(self, tx: Translator, name: str) -> Value:
+        from ember.capture.values.functions import MethodValue
+
         fields = getattr(self.struct_type, "_fields", None) or _return_type_fields(self.struct_type)
         if fields and name in fields:
             return self.items[fields.index(name)]
+        if fields and name in ("_replace", "_asdict"):  # modelled in call_method
+            return MethodValue(self, name)
         return super().getattr(tx, name)
 
     def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
@@ -146,11 +180,14 @@ def _return_type_fields(struct: type | None) -> tuple[str, ...] | None:
 
 
 class ListValue(SequenceValue):
+    list_type: type = list
+    """A subclass of list that keeps list's construction (its Python methods are inlined)."""
+
     def describe(self) -> str:
         return f"list of {len(self.items)}"
 
     def python_type(self) -> type:
-        return list
+        return self.list_type
 
     def _mutate(self, tx: Translator) -> None:
         tx.ctx.effects.mutated(self)
@@ -189,7 +226,7 @@ class ListValue(SequenceValue):
             self._mutate(tx)
             items.reverse()
         elif name == "copy":
-            return ListValue(items)
+            return ListValue(items)  # list.copy makes a plain list, also for a subclass
         elif name == "sort" and self.is_constant():
             self._mutate(tx)
             kw = {k: v.as_constant() for k, v in kwargs.items()}
@@ -213,9 +250,13 @@ class ListValue(SequenceValue):
     def reconstruct(self, em: Emitter) -> None:
         if self.source is not None:
             return super().reconstruct(em)
+        if self.list_type is not list:
+            em.cg.load_const(self.list_type, push_null=True)
         for item in self.items:
             em.reconstruct(item)
         em.cg.build("LIST", len(self.items))
+        if self.list_type is not list:
+            em.cg.call(1)
 
 
 class IdentityKey:
@@ -239,7 +280,7 @@ class IdentityKey:
         return f"<key {self.value.describe()}>"
 
 
-def _hashes_by_identity(cls: type) -> bool:
+def hashes_by_identity(cls: type) -> bool:
     return cls.__hash__ in (object.__hash__, torch.Tensor.__hash__) and cls.__eq__ in (
         object.__eq__,
         torch.Tensor.__eq__,
@@ -257,7 +298,7 @@ def dict_key(value: Value) -> Any:
         kind = None
     if kind is not None and (kind is torch.Tensor or issubclass(kind, torch.nn.Module)):
         return IdentityKey(value)  # Module and Tensor hash by id (Tensor.__eq__ is elementwise)
-    if kind is not None and _hashes_by_identity(kind):
+    if kind is not None and hashes_by_identity(kind):
         return IdentityKey(value)
     raise Unsupported(BreakReason.UNSUPPORTED_OPERATOR, f"dict key {value.describe()}")
 
@@ -267,37 +308,6 @@ def key_value(key: Any) -> Value:
     return key.value if isinstance(key, IdentityKey) else ConstantValue(key)
 
 
-class DictKeysValue(ListValue):
-    """`d.keys()`: the keys in order, as a list of values (a snapshot: the trace is
-    straight-line), which also combines with sets and other key views (`a.keys() | b`)."""
-
-
-def set_operation(tx: Translator, fn: Any, a: Value, b: Value) -> Value | None:
-    """`|`, `&`, `-`, `^` where one side is a key view and the other a view or a set: a set
-    whose members keep the left operand's order first (iteration order of a set of strings
-    is not defined anyway)."""
-    import operator
-
-    if fn not in (operator.or_, operator.and_, operator.sub, operator.xor):
-        return None
-    if not any(isinstance(v, DictKeysValue) for v in (a, b)) or not all(
-        isinstance(v, (DictKeysValue, SetValue)) for v in (a, b)
-    ):
-        return None
-    left, right = SetValue(values=a.iterate(tx)), SetValue(values=b.iterate(tx))
-    lk, rk = left.entries, right.entries
-    if fn is operator.or_:
-        kept = [*lk.items(), *((k, v) for k, v in rk.items() if k not in lk)]
-    elif fn is operator.and_:
-        kept = [(k, v) for k, v in lk.items() if k in rk]
-    elif fn is operator.sub:
-        kept = [(k, v) for k, v in lk.items() if k not in rk]
-    else:
-        kept = [*((k, v) for k, v in lk.items() if k not in rk)]
-        kept += [(k, v) for k, v in rk.items() if k not in lk]
-    return SetValue(values=[v for _, v in kept])
-
-
 class DictValue(Value):
     """A dict whose keys are constants or identity-hashed objects (see IdentityKey)."""
 
@@ -305,6 +315,8 @@ class DictValue(Value):
         self.items = dict(items)
         self.source = source
         self.dict_type = dict_type
+        self.read_only = False
+        """A types.MappingProxyType: items are read, never written."""
 
     def describe(self) -> str:
         return f"dict of {len(self.items)}"
@@ -344,28 +356,40 @@ class DictValue(Value):
         return self._key(key) in self.items
 
     def setitem(self, tx: Translator, key: Value, value: Value) -> None:
+        self._writable()
         tx.ctx.effects.mutated(self)
         self.items[self._key(key)] = value
 
     def delitem(self, tx: Translator, key: Value) -> None:
+        self._writable()
         tx.ctx.effects.mutated(self)
         del self.items[self._key(key)]
+
+    def _writable(self) -> None:
+        if self.read_only:
+            raise Unsupported(
+                BreakReason.EXCEPTION_RAISED,
+                f"TypeError: {self.dict_type.__name__!r} object does not support item assignment",
+            )
 
     def getattr(self, tx: Translator, name: str) -> Value:
         from ember.capture.values.functions import MethodValue
 
-        if hasattr(dict, name):
+        if hasattr(self.dict_type, name):
             return MethodValue(self, name)
         return super().getattr(tx, name)
 
     def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
+        from ember.capture.values.sets import DictViewValue
+
         items = self.items
-        if name == "keys":
-            return DictKeysValue([key_value(k) for k in items])
-        if name == "values":
-            return ListValue(list(items.values()))
-        if name == "items":
-            return ListValue([TupleValue([key_value(k), v]) for k, v in items.items()])
+        if name in ("keys", "values", "items"):
+            return DictViewValue(self, name)
+        if self.read_only and name in _DICT_WRITES:
+            raise Unsupported(
+                BreakReason.EXCEPTION_RAISED,
+                f"AttributeError: {self.dict_type.__name__!r} object has no attribute {name!r}",
+            )
         if name == "get":
             default = args[1] if len(args) > 1 else ConstantValue(None)
             return items.get(self._key(args[0]), default)
@@ -376,13 +400,7 @@ class DictValue(Value):
         tx.ctx.effects.mutated(self)
         if name == "update":
             if args:
-                other = args[0]
-                pairs = (
-                    other.items.items()
-                    if isinstance(other, DictValue)
-                    else [tuple(p.iterate(tx)) for p in other.iterate(tx)]
-                )
-                for k, v in pairs:
+                for k, v in _pairs(tx, args[0]):
                     items[k if not isinstance(k, Value) else self._key(k)] = v
             items.update(kwargs)
             return ConstantValue(None)
@@ -399,7 +417,32 @@ class DictValue(Value):
         if name == "clear":
             items.clear()
             return ConstantValue(None)
+        if name == "popitem":
+            return self._popitem(_flag(args, kwargs, 0, "last", True))
+        if name == "move_to_end" and issubclass(self.dict_type, collections.OrderedDict):
+            self._move_to_end(self._key(args[0]), _flag(args, kwargs, 1, "last", True))
+            return ConstantValue(None)
         raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"dict.{name}()")
+
+    def _popitem(self, last: bool) -> Value:
+        if not self.items:
+            raise Unsupported(
+                BreakReason.EXCEPTION_RAISED, "KeyError: popitem(): dictionary is empty"
+            )
+        key = next(reversed(self.items)) if last else next(iter(self.items))
+        return TupleValue([key_value(key), self.items.pop(key)])
+
+    def _move_to_end(self, key: Any, last: bool) -> None:
+        if key not in self.items:
+            raise Unsupported(BreakReason.EXCEPTION_RAISED, f"KeyError: {key!r}")
+        value = self.items.pop(key)
+        if last:
+            self.items[key] = value
+            return
+        rest = dict(self.items)  # the same dict object, reordered in place
+        self.items.clear()
+        self.items[key] = value
+        self.items.update(rest)
 
     def reconstruct(self, em: Emitter) -> None:
         if self.source is not None:
@@ -414,110 +457,24 @@ class DictValue(Value):
             em.cg.call(1)
 
 
-class SetValue(Value):
-    """A set of constants, or of objects that hash by identity (modules, tensors, plain user
-    objects): the `memo` sets of nn.Module's helpers (`named_modules`, `parameters`)."""
+def _pairs(tx: Translator, other: Value) -> Any:
+    """What `dict.update(other)` reads: a dict's items (also of a dict subclass that leaves
+    iteration alone, which CPython copies directly), a mapping's keys and `[]`, or pairs."""
+    from ember.capture.values.mappings import DictObjectValue
+    from ember.capture.values.objects import python_override
 
-    def __init__(
-        self, items: Any = (), values: list[Value] | None = None, source: Any = None
-    ) -> None:
-        self.source = source
-        """Set for a set reached from outside: read-only here (the ledger has no set replay)."""
-        self.entries: dict[Any, Value] = {}
-        for item in items:
-            self.entries.setdefault(("const", item), ConstantValue(item))
-        for value in values or []:
-            self.add(value)
-
-    @staticmethod
-    def key(value: Value) -> Any:
-        if value.is_constant():
-            return ("const", value.as_constant())
-        if value.python_type().__hash__ in (object.__hash__, torch.Tensor.__hash__):
-            return ("id", id(value))  # builder gives one Value per object, so id is identity
-        raise Unsupported(
-            BreakReason.UNSUPPORTED_OBJECT, f"{value.describe()} in a set (custom __hash__)"
-        )
-
-    def add(self, value: Value) -> None:
-        self.entries.setdefault(self.key(value), value)
-
-    @property
-    def items(self) -> set[Any]:
-        return self.as_constant()
-
-    def describe(self) -> str:
-        return f"set of {len(self.entries)}"
-
-    def python_type(self) -> type:
-        return set
-
-    def is_constant(self) -> bool:
-        return all(k[0] == "const" for k in self.entries)
-
-    def as_constant(self) -> Any:
-        if not self.is_constant():
-            return super().as_constant()
-        return {k[1] for k in self.entries}
-
-    def truth(self, tx: Translator) -> bool:
-        return bool(self.entries)
-
-    def length(self, tx: Translator) -> int:
-        return len(self.entries)
-
-    def iterate(self, tx: Translator) -> list[Value]:
-        return list(self.entries.values())
-
-    def contains(self, value: Value) -> bool:
-        return self.key(value) in self.entries
-
-    def getattr(self, tx: Translator, name: str) -> Value:
-        from ember.capture.values.functions import MethodValue
-
-        return MethodValue(self, name)
-
-    def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
-        if self.source is not None and name in ("add", "update", "discard", "remove", "clear"):
-            raise Unsupported(
-                BreakReason.SIDE_EFFECT, f"set.{name}() on a set from outside the function"
-            )
-        if name == "add":
-            self.add(args[0])
-        elif name == "update":
-            for other in args:
-                for value in other.iterate(tx):
-                    self.add(value)
-        elif name in ("discard", "remove"):
-            key = self.key(args[0])
-            if key not in self.entries and name == "remove":
-                raise Unsupported(BreakReason.EXCEPTION_RAISED, "KeyError from set.remove()")
-            self.entries.pop(key, None)
-        elif name == "clear":
-            self.entries.clear()
-        elif name == "__contains__":
-            return ConstantValue(self.contains(args[0]))
-        elif name == "copy":
-            return SetValue(values=self.iterate(tx))
-        elif self.is_constant() and all_constant(args):
-            result = getattr(self.as_constant(), name)(*(a.as_constant() for a in args))
-            return SetValue(result) if isinstance(result, set) else ConstantValue(result)
-        else:
-            raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"set.{name}() on non-constants")
-        return ConstantValue(None)
-
-    def reconstruct(self, em: Emitter) -> None:
-        if self.source is not None:
-            return super().reconstruct(em)
-        if self.is_constant():
-            em.cg.load_const(frozenset(self.as_constant()))
-            em.cg.build("SET", 0)
-            em.cg.swap(2)
-            em.cg.emit("SET_UPDATE", 1)
-            return
-        for value in self.entries.values():
-            em.reconstruct(value)
-        em.cg.build("SET", len(self.entries))
+    if isinstance(other, DictValue):
+        return other.items.items()
+    if isinstance(other, DictObjectValue) and python_override(other.cls, "__iter__") is None:
+        return other._items().items.items()
+    try:
+        is_mapping = hasattr(other.python_type(), "keys")
+    except Unsupported:
+        is_mapping = False
+    if is_mapping:
+        keys = other.getattr(tx, "keys").call(tx, [], {}).iterate(tx)
+        return [(k, other.getitem(tx, k)) for k in keys]
+    return [tuple(p.iterate(tx)) for p in other.iterate(tx)]
 
 
 class SliceValue(Value):
@@ -542,7 +499,10 @@ class SliceValue(Value):
 
 
 class IteratorValue(Value):
-    """An iterator over a list of values, materialized when the loop starts (unrolling)."""
+    """An iterator over a list of values (a list's own item list, or a snapshot). Iterators
+    that compute their items when pulled (map, filter, zip, generators, itertools) are in
+    values/iterators.py; all share this protocol: `next(tx)` is the next item or None at the
+    end, `iterate(tx)` pulls the rest, and `items[position:]` is what is left once pulled."""
 
     def __init__(self, items: list[Value], returned: Value | None = None) -> None:
         self.items = items
@@ -553,7 +513,10 @@ class IteratorValue(Value):
     def describe(self) -> str:
         return "iterator"
 
-    def next(self) -> Value | None:
+    def truth(self, tx: Translator) -> bool:
+        return True  # no __len__ or __bool__: always true
+
+    def next(self, tx: Translator) -> Value | None:
         if self.position >= len(self.items):
             return None
         self.position += 1

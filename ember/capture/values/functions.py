@@ -8,12 +8,14 @@ through the table in `builtins.py`, keyed by the builtin object itself.
 
 from __future__ import annotations
 
+import functools
 import types
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ember.capture.sources import Source
+from ember.capture.guards import GuardKind
+from ember.capture.sources import AttrSource, ConstSource, ItemSource, Source
 from ember.capture.values.base import ConstantValue, MissingAttribute, Value, all_constant
 from ember.errors import BreakReason, Unsupported
 
@@ -48,14 +50,19 @@ class UserFunctionValue(Value):
         return self.fn
 
     def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        from ember.capture.values.compiler import is_constant_result, is_disabled
+
         fn = self.fn
-        if getattr(fn, "_ember_disabled", False):
+        if is_disabled(fn):
             raise Unsupported(
                 BreakReason.UNSUPPORTED_CALL,
-                f"{self.describe()} is marked ember.disable: it runs in Python",
+                f"{self.describe()} is marked disable: it runs in Python",
             )
-        defaults = tuple(tx.ctx.builder.wrap_const(d) for d in (fn.__defaults__ or ()))
-        kwdefaults = {k: tx.ctx.builder.wrap_const(v) for k, v in (fn.__kwdefaults__ or {}).items()}
+        if is_constant_result(fn):
+            return _constant_result(tx, fn, args, kwargs)
+        source = self.source or ConstSource(fn, _name(fn))
+        defaults = GuardedDefaults(tx, fn, source)
+        kwdefaults = GuardedKwDefaults(tx, fn, source)
         closure = [
             RealCell(c, _cell_source(self.source, i, c)) for i, c in enumerate(fn.__closure__ or ())
         ]
@@ -79,6 +86,24 @@ class UserFunctionValue(Value):
         em.cg.load_const(self.fn)
 
 
+def _constant_result(tx: Translator, fn: Any, args: list[Value], kwargs: dict) -> Value:
+    """assume_constant_result: called now, on constants; its result is baked in unguarded."""
+    if not all_constant(args) or not all_constant(list(kwargs.values())):
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_CALL,
+            f"{_name(fn)} (assume_constant_result) called with values known only at run time",
+        )
+    try:
+        result = fn(
+            *(a.as_constant() for a in args), **{k: v.as_constant() for k, v in kwargs.items()}
+        )
+    except Exception as exc:
+        raise Unsupported(
+            BreakReason.EXCEPTION_RAISED, f"{_name(fn)} raised {type(exc).__name__}: {exc}"
+        ) from exc
+    return tx.ctx.builder.wrap_const(result)
+
+
 _FUNCTION_CONSTANT_ATTRS = frozenset(
     ["__name__", "__qualname__", "__module__", "__doc__", "__code__"]
 )
@@ -91,8 +116,6 @@ def function_attribute(tx: Translator, owner: Value, fn: types.FunctionType, nam
     """`fn.name` for a Python function: the constant attributes above, the defaults (what
     inlining uses too) and entries of the function's `__dict__` (`__wrapped__` set by
     functools.wraps, a decorator's marker), read through a guarded source when there is one."""
-    from ember.capture.sources import AttrSource
-
     if name in _FUNCTION_CONSTANT_ATTRS:
         return ConstantValue(getattr(fn, name))
     if name in ("__defaults__", "__kwdefaults__"):
@@ -106,6 +129,42 @@ def function_attribute(tx: Translator, owner: Value, fn: types.FunctionType, nam
     raise MissingAttribute(f"function {_name(fn)!r} has no attribute {name!r}")
 
 
+class GuardedDefaults:
+    """`fn.__defaults__` as argument binding reads it: a default is wrapped, and so guarded
+    (a changed default must recompile), only when a call leaves its parameter out."""
+
+    def __init__(self, tx: Translator, fn: types.FunctionType, source: Source) -> None:
+        self.tx = tx
+        self.values = fn.__defaults__ or ()
+        self.source = AttrSource(source, "__defaults__")
+        self._guarded = False
+
+    def __len__(self) -> int:
+        if not self._guarded and self.values:
+            self._guarded = True
+            self.tx.ctx.guards.add(GuardKind.LENGTH_MATCH, self.source, (tuple, len(self.values)))
+        return len(self.values)
+
+    def __getitem__(self, index: int) -> Value:
+        return self.tx.ctx.builder.wrap(self.values[index], ItemSource(self.source, index))
+
+
+class GuardedKwDefaults:
+    """`fn.__kwdefaults__` likewise: a keyword-only default is guarded when it is used."""
+
+    def __init__(self, tx: Translator, fn: types.FunctionType, source: Source) -> None:
+        self.tx = tx
+        self.values = fn.__kwdefaults__ or {}
+        self.source = AttrSource(source, "__kwdefaults__")
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.values
+
+    def __getitem__(self, name: str) -> Value:
+        self.tx.ctx.guards.add(GuardKind.DICT_CONTAINS, self.source, (name, True))
+        return self.tx.ctx.builder.wrap(self.values[name], ItemSource(self.source, name))
+
+
 class RealCell:
     """A real closure cell (of the compiled function or of an inlined one) and the source
     through which its contents are read and guarded."""
@@ -116,8 +175,6 @@ class RealCell:
 
 
 def _cell_source(owner: Source | None, index: int, cell: types.CellType) -> Source:
-    from ember.capture.sources import AttrSource, ConstSource, ItemSource
-
     if owner is None:
         return AttrSource(ConstSource(cell, "cell"), "cell_contents")
     return AttrSource(ItemSource(AttrSource(owner, "__closure__"), index), "cell_contents")
@@ -223,25 +280,57 @@ class BoundMethodValue(Value):
 
 
 class PartialValue(Value):
-    def __init__(self, fn: Value, args: list[Value], kwargs: dict[str, Value]) -> None:
+    """functools.partial: reached from the frame (its parts guarded, `real` the object) or
+    made in the trace (rebuilt by calling functools.partial again if it escapes)."""
+
+    def __init__(
+        self,
+        fn: Value,
+        args: list[Value],
+        kwargs: dict[str, Value],
+        source: Source | None = None,
+        real: functools.partial | None = None,
+    ) -> None:
         self.fn = fn
         self.args = args
         self.kwargs = kwargs
+        self.source = source
+        self.real = real
 
     def describe(self) -> str:
         return f"functools.partial({self.fn.describe()})"
+
+    def python_type(self) -> type:
+        return type(self.real) if self.real is not None else functools.partial
 
     def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
         return self.fn.call(tx, [*self.args, *args], {**self.kwargs, **kwargs})
 
     def getattr(self, tx: Translator, name: str) -> Value:
+        from ember.capture.values.containers import DictValue, TupleValue
+
         if name == "func":
             return self.fn
         if name == "args":
-            from ember.capture.values.containers import TupleValue
-
             return TupleValue(self.args)
-        return super().getattr(tx, name)
+        if name == "keywords":
+            return DictValue(dict(self.kwargs))
+        if self.real is not None and name in self.real.__dict__:  # set on the partial
+            return tx.ctx.builder.wrap(self.real.__dict__[name], AttrSource(self.source, name))
+        if name in ("__doc__", "__module__"):
+            return ConstantValue(getattr(self.python_type(), name))
+        raise MissingAttribute(f"'functools.partial' object has no attribute {name!r}")
+
+    def contained(self) -> list[Value]:
+        return [self.fn, *self.args, *self.kwargs.values()]
+
+    def reconstruct(self, em: Emitter) -> None:
+        if self.source is not None:
+            return super().reconstruct(em)
+        em.cg.load_const(functools.partial, push_null=True)
+        for part in [self.fn, *self.args, *self.kwargs.values()]:
+            em.reconstruct(part)
+        em.cg.call(1 + len(self.args) + len(self.kwargs), tuple(self.kwargs))
 
 
 def _materialized(tx: Translator, value: Value) -> Value:
@@ -273,8 +362,13 @@ class _FunctionObjectValue(Value):
         return self.fn
 
     def getattr(self, tx: Translator, name: str) -> Value:
-        if name in ("__name__", "__qualname__", "__module__"):
+        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
             return ConstantValue(getattr(self.fn, name))
+        attr = getattr(self.fn, name, None)
+        if isinstance(attr, types.BuiltinMethodType):  # dict.fromkeys, itertools.chain.from_...
+            return BuiltinValue(attr)
+        if attr is None and not hasattr(self.fn, name):
+            raise MissingAttribute(f"{self.describe()} has no attribute {name!r}")
         return super().getattr(tx, name)
 
     def reconstruct(self, em: Emitter) -> None:

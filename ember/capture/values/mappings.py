@@ -17,7 +17,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from ember.capture.sources import ItemSource, Source
-from ember.capture.values.base import ConstantValue, Value
+from ember.capture.values.base import ConstantValue, Value, from_class_statement
 from ember.capture.values.containers import DictValue, IteratorValue, key_value
 from ember.capture.values.functions import UserFunctionValue
 from ember.capture.values.objects import UserObjectValue, _class_attribute, python_override
@@ -39,16 +39,13 @@ _CALLBACK_WRITES = frozenset(["update", "setdefault", "pop", "popitem", "clear",
 only when the class does not override those."""
 
 
-_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class statement made it, not C
-
-
 def storage_type(cls: type) -> type | None:
     """The builtin dict type a class written in Python keeps its items in; None for
     anything else (a C subclass such as defaultdict, or no dict base at all)."""
     for klass in cls.__mro__:
         if klass in _STORAGE_TYPES:
             return klass
-        if not klass.__flags__ & _HEAPTYPE:
+        if not from_class_statement(klass):
             return None
     return None
 

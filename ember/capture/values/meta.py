@@ -227,6 +227,11 @@ class _MetaCache:
 _cache = _MetaCache()
 
 
+def clear_cache() -> None:
+    """Forget every recorded result (`ember.reset()`): the keys hold the functions called."""
+    _cache._entries.clear()
+
+
 def result_device(
     kind: str, target: Any, args: list, kwargs: dict, tensor_devices: list[torch.device]
 ) -> torch.device:

@@ -30,6 +30,11 @@ def _class_attribute(tx: Translator, owner: Value, cls: type, name: str, source)
     """`owner.name` resolved on the class: methods bind, properties run, constants wrap."""
     if name == "__class__":  # the owner's type is pinned by its TYPE_MATCH / ID_MATCH guard
         return tx.ctx.builder.wrap_const(cls)
+    from ember.capture.values.classes import pending_class_attribute
+
+    pending = pending_class_attribute(tx, cls, name)
+    if pending is not None:  # the trace wrote this class attribute
+        return pending
     for klass in cls.__mro__:
         if name in klass.__dict__:
             attr = klass.__dict__[name]
@@ -40,7 +45,7 @@ def _class_attribute(tx: Translator, owner: Value, cls: type, name: str, source)
             return UserFunctionValue(fallback).call(tx, [owner, ConstantValue(name)], {})
         raise MissingAttribute(f"{cls.__name__!r} object has no attribute {name!r}")
     if isinstance(attr, types.FunctionType):
-        return BoundMethodValue(UserFunctionValue(attr), owner)
+        return BoundMethodValue(_function_value(attr), owner)
     if isinstance(attr, property) and isinstance(attr.fget, types.FunctionType):
         return UserFunctionValue(attr.fget).call(tx, [owner], {})
     if isinstance(attr, staticmethod):
@@ -50,6 +55,11 @@ def _class_attribute(tx: Translator, owner: Value, cls: type, name: str, source)
     if hasattr(attr, "__get__") and not isinstance(attr, (type, types.BuiltinFunctionType)):
         if isinstance(attr, (types.WrapperDescriptorType, types.MethodDescriptorType)):
             return BuiltinMethodValue(attr, owner)
+        getter = python_override(type(attr), "__get__")
+        if getter is not None:  # a descriptor written in Python: its __get__ is inlined
+            descriptor = _descriptor_value(tx, klass, name)
+            owner_class = tx.ctx.builder.wrap_const(cls)
+            return UserFunctionValue(getter).call(tx, [descriptor, owner, owner_class], {})
         raise Unsupported(
             BreakReason.UNSUPPORTED_ATTRIBUTE,
             f"descriptor {name!r} of {cls.__name__} ({type(attr).__name__})",
@@ -57,6 +67,21 @@ def _class_attribute(tx: Translator, owner: Value, cls: type, name: str, source)
     if source is None:  # an object made during capture: guard the class attribute instead
         source = ConstSource(cls, cls.__qualname__)
     return tx.ctx.builder.wrap(attr, AttrSource(source, name))
+
+
+def _descriptor_value(tx: Translator, klass: type, name: str) -> Value:
+    """The descriptor object in `klass.__dict__` (guarded: the class may get another)."""
+    source = ItemSource(AttrSource(ConstSource(klass, klass.__qualname__), "__dict__"), name)
+    return tx.ctx.builder.wrap(klass.__dict__[name], source)
+
+
+def _function_value(fn: types.FunctionType) -> Value:
+    """A method's function: inlined, unless ember models it directly (a method whose code
+    the trace cannot follow, such as one that catches KeyError)."""
+    from ember.capture.values.builtins import BUILTINS
+    from ember.capture.values.functions import BuiltinValue
+
+    return BuiltinValue(fn) if fn in BUILTINS else UserFunctionValue(fn)
 
 
 def python_override(cls: type, name: str) -> types.FunctionType | None:
@@ -131,23 +156,9 @@ class ModuleValue(Value):
         tx.ctx.effects.store_attr(self, name, value)
 
     def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
-        from ember.capture.guards import GuardKind
+        from ember.capture.values.modules import call_module
 
-        m = self.module
-        hooks = torch.nn.modules.module
-        if (
-            m._forward_hooks
-            or m._forward_pre_hooks
-            or hooks._global_forward_hooks
-            or hooks._global_forward_pre_hooks
-        ):
-            raise Unsupported(
-                BreakReason.UNSUPPORTED_CALL,
-                f"{self.describe()} has forward hooks",
-                hint="remove the hooks or compile the module without them",
-            )
-        tx.ctx.guards.add(GuardKind.NO_HOOKS, self.source)
-        return self.getattr(tx, "forward").call(tx, args, kwargs)
+        return call_module(tx, self, args, kwargs)
 
     def _children(self, tx: Translator) -> list[tuple[Any, torch.nn.Module]]:
         """The items of a container module; the trace now depends on which there are."""
@@ -173,14 +184,13 @@ class ModuleValue(Value):
         return len(self._children(tx))
 
     def getitem(self, tx: Translator, key: Value) -> Value:
-        from ember.capture.values.containers import ListValue
-
         k = key.as_constant()
-        if isinstance(k, slice):  # layers[1:]: the selected children, iterable and indexable
-            children = self._children(tx)
-            return ListValue(
-                [tx.ctx.builder.wrap(c, self._child_source(i)) for i, c in children[k]]
-            )
+        if isinstance(k, slice) and isinstance(self.module, _SLICEABLE):
+            from ember.capture.values.modules import slice_container
+
+            children = self._children(tx)[k]
+            wrapped = [tx.ctx.builder.wrap(c, self._child_source(i)) for i, c in children]
+            return slice_container(self, k, wrapped)
         children = dict(self._children(tx))
         if isinstance(k, int) and k < 0:
             k += len(children)
@@ -200,6 +210,9 @@ class ModuleValue(Value):
 
     def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
         return self.getattr(tx, name).call(tx, args, kwargs)
+
+
+_SLICEABLE = (torch.nn.Sequential, torch.nn.ModuleList)
 
 
 class UserObjectValue(Value):
@@ -307,6 +320,11 @@ class UserObjectValue(Value):
             if isinstance(attr, property) and isinstance(attr.fset, types.FunctionType):
                 UserFunctionValue(attr.fset).call(tx, [self, value], {})
                 return
+            setter = python_override(type(attr), "__set__")
+            if setter is not None:  # a data descriptor written in Python
+                descriptor = _descriptor_value(tx, klass, name)
+                UserFunctionValue(setter).call(tx, [descriptor, self, value], {})
+                return
             if hasattr(type(attr), "__set__"):
                 raise Unsupported(
                     BreakReason.SIDE_EFFECT,
@@ -404,95 +422,6 @@ def rebuild_object(cls: type, attrs: dict[str, Any]) -> Any:
     the captured __init__'s effects are exactly `attrs`)."""
     obj = cls.__new__(cls)
     obj.__dict__.update(attrs)
-    return obj
-
-
-class ClassValue(Value):
-    """A class: calling it constructs (namedtuples, dataclasses, plain Python classes)."""
-
-    def __init__(self, cls: type, source=None) -> None:
-        self.cls = cls
-        self.source = source
-
-    def describe(self) -> str:
-        return f"class {self.cls.__qualname__}"
-
-    def python_type(self) -> type:
-        return type(self.cls)
-
-    def is_constant(self) -> bool:
-        return True
-
-    def as_constant(self) -> Any:
-        return self.cls
-
-    def reconstruct(self, em: Emitter) -> None:
-        em.cg.load_const(self.cls)
-
-    def getattr(self, tx: Translator, name: str) -> Value:
-        if name in ("__name__", "__qualname__", "__module__"):
-            return ConstantValue(getattr(self.cls, name))
-        for klass in self.cls.__mro__:
-            if name in klass.__dict__:
-                attr = klass.__dict__[name]
-                if isinstance(attr, classmethod):
-                    return BoundMethodValue(UserFunctionValue(attr.__func__), self)
-                if isinstance(attr, staticmethod):
-                    return tx.ctx.builder.wrap_const(attr.__func__)
-                break
-        # a class attribute may be rebound between calls: read it through a guarded source
-        try:
-            attr = getattr(self.cls, name)
-        except AttributeError as exc:
-            raise MissingAttribute(f"class {self.cls.__name__!r} has no {name!r}") from exc
-        return tx.ctx.builder.wrap(attr, AttrSource(self._source(), name))
-
-    def _source(self) -> Source:
-        return self.source or ConstSource(self.cls, self.cls.__qualname__)
-
-    def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
-        from ember.capture.values.containers import TupleValue
-
-        cls = self.cls
-        if issubclass(cls, tuple) and hasattr(cls, "_fields"):
-            fields = cls._fields
-            values = dict(zip(fields, args))
-            values.update(kwargs)
-            defaults = getattr(cls, "_field_defaults", {})
-            items = [
-                values[f] if f in values else tx.ctx.builder.wrap_const(defaults[f]) for f in fields
-            ]
-            return TupleValue(items, struct_type=cls)
-        if issubclass(cls, AttributeError):  # about to be raised: hasattr() must see it
-            raise MissingAttribute(f"the traced code raises {cls.__name__}")
-        if issubclass(cls, BaseException):
-            raise Unsupported(BreakReason.EXCEPTION_RAISED, f"constructing {cls.__name__}")
-        if issubclass(cls, torch.nn.Module):
-            raise Unsupported(
-                BreakReason.UNSUPPORTED_CALL, f"creating module {cls.__name__} inside the trace"
-            )
-        if issubclass(cls, dict):
-            return _construct_dict_object(tx, cls, args, kwargs)
-        if cls.__new__ is not object.__new__ or not isinstance(cls.__init__, types.FunctionType):
-            if cls.__init__ is not object.__init__:
-                raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"constructing {cls.__qualname__}")
-        obj = UserObjectValue(cls)
-        if cls.__init__ is not object.__init__:
-            UserFunctionValue(cls.__init__).call(tx, [obj, *args], kwargs)
-        elif args or kwargs:
-            raise Unsupported(BreakReason.EXCEPTION_RAISED, f"{cls.__name__}() takes no arguments")
-        return obj
-
-
-def _construct_dict_object(tx: Translator, cls: type, args: list[Value], kwargs: dict) -> Value:
-    """`cls(...)` for a dict subclass written in Python: the builtin `__new__`, then its
-    `__init__` (a dataclass's generated one for ModelOutput), inlined."""
-    from ember.capture.values.mappings import DictObjectValue, storage_type
-
-    if storage_type(cls) is None or python_override(cls, "__new__") is not None:
-        raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"constructing {cls.__qualname__}")
-    obj = DictObjectValue(cls)
-    _class_attribute(tx, obj, cls, "__init__", None).call(tx, args, kwargs)
     return obj
 
 

@@ -148,6 +148,9 @@ class TensorValue(Value):
             kw = {k: v.as_constant() for k, v in kwargs.items()}
             result = getattr(self.example, name)(*constants(args), **kw)
             return ConstantValue(result)
+        if name == "type" and not args and not kwargs:  # the type's name, with the real device
+            probe = torch.empty(0, dtype=self.example.dtype, device=self.device)
+            return ConstantValue(probe.type())
         if name in _TO_PYTHON:
             raise Unsupported(
                 BreakReason.TENSOR_TO_PYTHON,
@@ -216,18 +219,6 @@ _DEVICE_ATTRS = {
 }
 
 
-def _tensor_devices(values: list[Value]) -> list[torch.device]:
-    from ember.capture.values.containers import SequenceValue
-
-    found = []
-    for value in values:
-        if isinstance(value, TensorValue):
-            found.append(value.device)
-        elif isinstance(value, SequenceValue):
-            found.extend(_tensor_devices(value.items))
-    return found
-
-
 def _op_name(target: Any) -> str:
     return target if isinstance(target, str) else getattr(target, "__name__", repr(target))
 
@@ -246,6 +237,8 @@ def tensor_op(
     ex_args = [example_arg(a) for a in args]
     ex_kwargs = {k: example_arg(v) for k, v in kwargs.items()}
     name = target if isinstance(target, str) else getattr(target, "__name__", repr(target))
+    inputs = _tensor_values([*args, *kwargs.values()])
+    versions = [t.example._version for t in inputs]
     try:
         result = run_on_meta(kind, target, ex_args, ex_kwargs)
     except Unsupported:
@@ -263,18 +256,55 @@ def tensor_op(
     node_args = tuple(graph_arg(a) for a in args)
     node_kwargs = {k: graph_arg(v) for k, v in kwargs.items()}
     node = tx.ctx.out.create_node(kind, target, node_args, node_kwargs)
-    device = result_device(
-        kind, target, ex_args, ex_kwargs, _tensor_devices([*args, *kwargs.values()])
-    )
-    return wrap_result(tx, node, result, device)
+    if any(t.example._version != v for t, v in zip(inputs, versions)):
+        tx.ctx.effects.touch()  # wrote to a tensor: a side effect, as a list append is
+    device = result_device(kind, target, ex_args, ex_kwargs, [t.device for t in inputs])
+    return wrap_result(tx, node, result, device, inputs)
 
 
-def wrap_result(tx: Translator, node: torch.fx.Node, result: Any, device: torch.device) -> Value:
-    """Symbolic value for a node's meta result (tensors, tuples of tensors, or constants)."""
+def _tensor_values(values: list[Value]) -> list[TensorValue]:
+    from ember.capture.values.containers import SequenceValue
+
+    found = []
+    for value in values:
+        if isinstance(value, TensorValue):
+            found.append(value)
+        elif isinstance(value, SequenceValue):
+            found.extend(_tensor_values(value.items))
+    return found
+
+
+def _returned_input(
+    result: torch.Tensor, device: torch.device, inputs: list[TensorValue]
+) -> TensorValue | None:
+    """The argument an op handed back as its result: in-place methods (`y.add_(1)`, `w += 1`)
+    and conversions that change nothing (`x.to(x.device)`, `x.contiguous()`) return the very
+    object they were called on, which `is` and the caller can see. Their meta kernels do the
+    same on the examples; a device move is told apart by the real device."""
+    for value in inputs:
+        if value.example is result and value.device == device:
+            return value
+    return None
+
+
+def wrap_result(
+    tx: Translator,
+    node: torch.fx.Node,
+    result: Any,
+    device: torch.device,
+    inputs: list[TensorValue] = (),
+) -> Value:
+    """Symbolic value for a node's meta result (tensors, tuples of tensors, or constants).
+    A result that is one of the `inputs` themselves is that input's value: the node stays in
+    the graph for its effect, and later reads go on using the input's node, which the graph
+    has mutated by then."""
     from ember.capture.values.containers import TupleValue
 
     if isinstance(result, torch.Tensor):
         node.meta["example_value"] = result
+        same = _returned_input(result, device, inputs)
+        if same is not None:
+            return same
         return TensorValue(node, result, device)
     if isinstance(result, (tuple, list)) and any(isinstance(r, torch.Tensor) for r in result):
         node.meta["example_value"] = result
@@ -283,7 +313,8 @@ def wrap_result(tx: Translator, node: torch.fx.Node, result: Any, device: torch.
             if isinstance(item, torch.Tensor):
                 sub = tx.ctx.out.create_node("call_function", operator.getitem, (node, i), {})
                 sub.meta["example_value"] = item
-                items.append(TensorValue(sub, item, device))
+                same = _returned_input(item, device, inputs)
+                items.append(same or TensorValue(sub, item, device))
             else:
                 items.append(ConstantValue(item))
         struct = type(result) if isinstance(result, tuple) and type(result) is not tuple else None
@@ -294,6 +325,4 @@ def wrap_result(tx: Translator, node: torch.fx.Node, result: Any, device: torch.
         return TupleValue(items, struct_type=struct)
     if result is not None:  # a None result is kept: the call was made for its effect
         tx.ctx.out.erase_node(node)
-    if isinstance(result, torch.Size):
-        result = tuple(result)
     return ConstantValue(result)

@@ -1,0 +1,482 @@
+"""Iterators that compute their items when they are pulled: `map`, `filter`, `zip`,
+`enumerate`, generators (a generator expression, a function with `yield`) and the lazy
+members of `itertools`.
+
+Python runs a `map` callback, a `filter` predicate or a generator body only when the consumer
+asks for the next item, interleaved with the consumer's own work; a callback with side effects
+(appending to a list, counting) shows that order. These values do the same: each pull runs
+the callback (inlined, as any call) at the moment the consumer pulls. What was pulled stays in
+`items` (the protocol of `IteratorValue`), so a graph break can see what is left.
+
+At a graph break an iterator that is still alive is run to its end first (`settle`), when
+doing so has no side effect a user could see (only tensor work and pure Python); otherwise
+the frame cannot be resumed and runs eagerly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import types
+from typing import TYPE_CHECKING, Any
+
+from ember.capture.values.base import ConstantValue, Value
+from ember.capture.values.containers import IteratorValue, TupleValue, iterator_over
+from ember.errors import BreakReason, Unsupported
+
+if TYPE_CHECKING:
+    from ember.capture.translator import Translator
+
+
+class GeneratorSuspended(Exception):
+    """Raised by YIELD_VALUE in a generator frame: the frame stops after the yield, with its
+    state kept, until its consumer pulls again."""
+
+
+class LazyIterator(IteratorValue):
+    """An iterator that makes each item on demand (`pull`); `kind` is its Python type."""
+
+    kind: type = object
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.exhausted = False
+
+    def describe(self) -> str:
+        return f"{self.kind.__name__} iterator"
+
+    def python_type(self) -> type:
+        return self.kind
+
+    def pull(self, tx: Translator) -> Value | None:
+        """The next item, computed now; None at the end."""
+        raise NotImplementedError
+
+    def _produce(self, tx: Translator) -> Value | None:
+        if self.exhausted:
+            return None
+        tx.ctx.effects.advance()  # state that a failed instruction could not put back
+        item = self.pull(tx)
+        if item is None:
+            self.exhausted = True
+            return None
+        self.items.append(item)
+        return item
+
+    def next(self, tx: Translator) -> Value | None:
+        if self.position < len(self.items) or self._produce(tx) is not None:
+            self.position += 1
+            return self.items[self.position - 1]
+        return None
+
+    def iterate(self, tx: Translator) -> list[Value]:
+        rest = []
+        while (item := self.next(tx)) is not None:
+            rest.append(item)
+        return rest
+
+    def settle(self, tx: Translator) -> None:
+        """Compute every remaining item now (not consuming them), for a graph break that
+        must hand the rest to CPython. Refused when that would run a side effect early."""
+        effects = tx.ctx.effects
+        before = effects.version - effects.advances
+        while self._produce(tx) is not None:
+            pass
+        if effects.version - effects.advances != before:
+            raise Unsupported(
+                BreakReason.SIDE_EFFECT,
+                f"a {self.describe()} alive at the graph break has side effects when pulled, "
+                "so its items cannot be computed ahead of the code after the break",
+            )
+
+
+class MapIterator(LazyIterator):
+    kind = map
+
+    def __init__(self, fn: Value, sources: list[IteratorValue]) -> None:
+        super().__init__()
+        self.fn = fn
+        self.sources = sources
+
+    def pull(self, tx: Translator) -> Value | None:
+        row = []
+        for source in self.sources:
+            item = source.next(tx)
+            if item is None:
+                return None
+            row.append(item)
+        return self.fn.call(tx, row, {})
+
+
+class StarmapIterator(MapIterator):
+    kind = itertools.starmap
+
+    def pull(self, tx: Translator) -> Value | None:
+        item = self.sources[0].next(tx)
+        return None if item is None else self.fn.call(tx, item.iterate(tx), {})
+
+
+class FilterIterator(LazyIterator):
+    kind = filter
+
+    def __init__(self, fn: Value | None, source: IteratorValue, keep_if: bool = True) -> None:
+        super().__init__()
+        self.fn = fn
+        self.source = source
+        self.keep_if = keep_if
+        """False for itertools.filterfalse."""
+
+    def pull(self, tx: Translator) -> Value | None:
+        while (item := self.source.next(tx)) is not None:
+            verdict = item if self.fn is None else self.fn.call(tx, [item], {})
+            if verdict.truth(tx) is self.keep_if:
+                return item
+        return None
+
+
+class ZipIterator(LazyIterator):
+    kind = zip
+
+    def __init__(self, sources: list[IteratorValue], strict: bool = False) -> None:
+        super().__init__()
+        self.sources = sources
+        self.strict = strict
+
+    def pull(self, tx: Translator) -> Value | None:
+        if not self.sources:
+            return None
+        row = []
+        for i, source in enumerate(self.sources):
+            item = source.next(tx)
+            if item is None:
+                if self.strict:
+                    self._check_lengths(tx, i)
+                return None
+            row.append(item)
+        return TupleValue(row)
+
+    def _check_lengths(self, tx: Translator, ended: int) -> None:
+        """zip(strict=True): the first source to end must end them all (CPython pulls once
+        more from each of the later ones to see)."""
+        if ended > 0:
+            raise Unsupported(
+                BreakReason.EXCEPTION_RAISED, f"zip() argument {ended + 1} is shorter than 1"
+            )
+        for i, source in enumerate(self.sources[1:], start=2):
+            if source.next(tx) is not None:
+                raise Unsupported(
+                    BreakReason.EXCEPTION_RAISED, f"zip() argument {i} is longer than 1"
+                )
+
+
+class ZipLongestIterator(LazyIterator):
+    kind = itertools.zip_longest
+
+    def __init__(self, sources: list[IteratorValue], fill: Value) -> None:
+        super().__init__()
+        self.sources = sources
+        self.fill = fill
+        self.done = [False] * len(sources)
+
+    def pull(self, tx: Translator) -> Value | None:
+        row = []
+        for i, source in enumerate(self.sources):
+            item = None if self.done[i] else source.next(tx)
+            if item is None:
+                self.done[i] = True
+                if all(self.done):
+                    return None
+                item = self.fill
+            row.append(item)
+        return TupleValue(row) if row else None
+
+
+class EnumerateIterator(LazyIterator):
+    kind = enumerate
+
+    def __init__(self, source: IteratorValue, start: int) -> None:
+        super().__init__()
+        self.source = source
+        self.count = start
+
+    def pull(self, tx: Translator) -> Value | None:
+        item = self.source.next(tx)
+        if item is None:
+            return None
+        self.count += 1
+        return TupleValue([ConstantValue(self.count - 1), item])
+
+
+class GeneratorIterator(LazyIterator):
+    """A generator object: its frame (a child translator) runs up to the next yield each
+    time the consumer pulls, and keeps its state in between."""
+
+    kind = types.GeneratorType
+
+    def __init__(self, frame: Translator) -> None:
+        super().__init__()
+        self.frame = frame
+        frame.yielded = []  # marks the frame as a generator for RETURN_GENERATOR / YIELD_VALUE
+
+    def describe(self) -> str:
+        return f"generator {self.frame.code.co_qualname}"
+
+    def pull(self, tx: Translator) -> Value | None:
+        try:
+            self.returned = self.frame.run()
+        except GeneratorSuspended:
+            return self.frame.yielded.pop()
+        return None
+
+
+class ChainIterator(LazyIterator):
+    """itertools.chain: each iterable is made an iterator only when the one before ends."""
+
+    kind = itertools.chain
+
+    def __init__(self, iterables: IteratorValue) -> None:
+        super().__init__()
+        self.iterables = iterables
+        self.current: IteratorValue | None = None
+
+    def pull(self, tx: Translator) -> Value | None:
+        while True:
+            if self.current is None:
+                iterable = self.iterables.next(tx)
+                if iterable is None:
+                    return None
+                self.current = iterator_over(tx, iterable)
+            item = self.current.next(tx)
+            if item is not None:
+                return item
+            self.current = None
+
+
+class IsliceIterator(LazyIterator):
+    """itertools.islice, pulling exactly what CPython's pulls: skipped items are pulled,
+    and nothing past `stop`."""
+
+    kind = itertools.islice
+
+    def __init__(self, source: IteratorValue, start: int, stop: int | None, step: int) -> None:
+        super().__init__()
+        self.source = source
+        self.wanted = start
+        self.stop = stop
+        self.step = step
+        self.count = 0
+
+    def pull(self, tx: Translator) -> Value | None:
+        while self.count < self.wanted:
+            if self.source.next(tx) is None:
+                return None
+            self.count += 1
+        if self.stop is not None and self.count >= self.stop:
+            return None
+        item = self.source.next(tx)
+        if item is None:
+            return None
+        self.count += 1
+        self.wanted += self.step
+        if self.stop is not None and self.wanted > self.stop:
+            self.wanted = self.stop
+        return item
+
+
+class AccumulateIterator(LazyIterator):
+    kind = itertools.accumulate
+
+    def __init__(self, source: IteratorValue, fn: Value | None, initial: Value | None) -> None:
+        super().__init__()
+        self.source = source
+        self.fn = fn
+        self.total = initial
+
+    def pull(self, tx: Translator) -> Value | None:
+        from ember.capture.operators import apply
+
+        if self.total is not None and not self.items:
+            return self.total  # the initial value comes first
+        item = self.source.next(tx)
+        if item is None:
+            return None
+        if self.total is None:
+            self.total = item
+        elif self.fn is None:
+            self.total = apply(tx, _add, [self.total, item])
+        else:
+            self.total = self.fn.call(tx, [self.total, item], {})
+        return self.total
+
+
+def _add(a: Any, b: Any) -> Any:
+    return a + b
+
+
+class CountIterator(LazyIterator):
+    """itertools.count / itertools.repeat: constants, made one at a time."""
+
+    kind = itertools.count
+
+    def __init__(self, start: Any, step: Any) -> None:
+        super().__init__()
+        self.value = start
+        self.step = step
+
+    def pull(self, tx: Translator) -> Value | None:
+        self.value += self.step
+        return ConstantValue(self.value - self.step)
+
+
+class RepeatIterator(LazyIterator):
+    kind = itertools.repeat
+
+    def __init__(self, value: Value, times: int | None) -> None:
+        super().__init__()
+        self.value = value
+        self.left = times
+
+    def pull(self, tx: Translator) -> Value | None:
+        if self.left is not None:
+            if self.left <= 0:
+                return None
+            self.left -= 1
+        return self.value
+
+
+class PairwiseIterator(LazyIterator):
+    kind = itertools.pairwise
+
+    def __init__(self, source: IteratorValue) -> None:
+        super().__init__()
+        self.source = source
+        self.last: Value | None = None
+
+    def pull(self, tx: Translator) -> Value | None:
+        if self.last is None:
+            self.last = self.source.next(tx)
+            if self.last is None:
+                return None
+        item = self.source.next(tx)
+        if item is None:
+            return None
+        pair, self.last = TupleValue([self.last, item]), item
+        return pair
+
+
+class WhileIterator(LazyIterator):
+    """itertools.takewhile (stop at the first item failing the predicate) and dropwhile
+    (skip items until the first that fails it)."""
+
+    def __init__(self, kind: type, fn: Value, source: IteratorValue) -> None:
+        super().__init__()
+        self.kind = kind
+        self.fn = fn
+        self.source = source
+        self.switched = False
+
+    def pull(self, tx: Translator) -> Value | None:
+        if self.kind is itertools.takewhile:
+            item = None if self.switched else self.source.next(tx)
+            if item is None or self.fn.call(tx, [item], {}).truth(tx):
+                return item
+            self.switched = True
+            return None
+        while (item := self.source.next(tx)) is not None:
+            if self.switched or not self.fn.call(tx, [item], {}).truth(tx):
+                self.switched = True
+                return item
+        return None
+
+
+class CycleIterator(LazyIterator):
+    kind = itertools.cycle
+
+    def __init__(self, source: IteratorValue) -> None:
+        super().__init__()
+        self.source = source
+        self.saved: list[Value] = []
+        self.index = 0
+
+    def pull(self, tx: Translator) -> Value | None:
+        item = self.source.next(tx)
+        if item is not None:
+            self.saved.append(item)
+            return item
+        if not self.saved:
+            return None
+        item = self.saved[self.index % len(self.saved)]
+        self.index += 1
+        return item
+
+
+class GroupByIterator(LazyIterator):
+    """itertools.groupby: (key, group) pairs whose groups pull from the shared source, so
+    a group left half-read is skipped over when the next key is asked for, as in CPython."""
+
+    kind = itertools.groupby
+
+    def __init__(self, source: IteratorValue, key_fn: Value | None) -> None:
+        super().__init__()
+        self.source = source
+        self.key_fn = key_fn
+        self.current: tuple[Value, Value] | None = None
+        """The (key, item) last pulled from the source and not yet handed out."""
+        self.target: Value | None = None
+        """The key of the group handed out last."""
+        self.group: _Group | None = None
+
+    def key_of(self, tx: Translator, item: Value) -> Value:
+        return item if self.key_fn is None else self.key_fn.call(tx, [item], {})
+
+    def advance(self, tx: Translator) -> bool:
+        item = self.source.next(tx)
+        if item is None:
+            self.current = None
+            return False
+        self.current = (self.key_of(tx, item), item)
+        return True
+
+    def pull(self, tx: Translator) -> Value | None:
+        from ember.capture.operators import same_value
+
+        self.group = None  # a group handed out before stops yielding
+        while True:
+            if self.current is not None and (
+                self.target is None or not same_value(tx, self.target, self.current[0])
+            ):
+                break
+            if not self.advance(tx):
+                return None
+        self.target = self.current[0]
+        self.group = _Group(self, self.target)
+        return TupleValue([self.target, self.group])
+
+
+class _Group(LazyIterator):
+    kind = type(next(iter(itertools.groupby([0])))[1])
+
+    def __init__(self, parent: GroupByIterator, key: Value) -> None:
+        super().__init__()
+        self.parent = parent
+        self.key = key
+
+    def pull(self, tx: Translator) -> Value | None:
+        from ember.capture.operators import same_value
+
+        parent = self.parent
+        if parent.group is not self:
+            return None
+        if parent.current is None and not parent.advance(tx):
+            return None
+        if not same_value(tx, self.key, parent.current[0]):
+            return None
+        item = parent.current[1]
+        parent.current = None
+        return item
+
+
+def settle_iterators(tx: Translator, values: list[Value]) -> None:
+    """Compute the rest of every lazy iterator among `values` (see LazyIterator.settle)."""
+    for value in values:
+        if isinstance(value, LazyIterator):
+            value.settle(tx)

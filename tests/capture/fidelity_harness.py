@@ -1,0 +1,139 @@
+"""The harness of the fidelity tests (issue 12): a program runs eagerly and under
+`ember.compile` on fresh copies of the same inputs, twice; the results (values, types, and
+which results are the very objects passed in), the arguments afterwards, outside state and
+what was printed must agree. Then the same program runs under `torch.compile` with a counting
+backend, and ember must capture no less of it: no more frames left to run eagerly than
+Dynamo skips, and where Dynamo captured every frame, no more graphs and no more graph breaks;
+where it skipped some, at least as many ops in graphs."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import io
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import ember
+from ember.testing import CompileCounter, CountingBackend, assert_same
+
+
+@dataclasses.dataclass(frozen=True)
+class Counts:
+    graphs: int
+    breaks: int
+    ops: int
+    eager_frames: int = 0
+
+
+def _flat(value: Any) -> list[Any]:
+    if isinstance(value, (list, tuple)):
+        return [leaf for item in value for leaf in _flat(item)]
+    if isinstance(value, dict):
+        return [leaf for item in value.values() for leaf in _flat(item)]
+    return [value]
+
+
+def _identities(result: Any, args: tuple) -> list[int | None]:
+    """For each leaf of the result, the position of the argument leaf it *is* (or None):
+    `return x.add_(1)` must hand back the caller's own tensor."""
+    inputs = _flat(args)
+    found = []
+    for leaf in _flat(result):
+        position = next((i for i, a in enumerate(inputs) if a is leaf), None)
+        found.append(position if not isinstance(leaf, (int, float, str, bool)) else None)
+    return found
+
+
+def _run(fn: Callable[..., Any], make: Callable[[], tuple], state, reset) -> tuple:
+    if reset is not None:
+        reset()
+    args = make()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        result = fn(*args)
+    after = copy.deepcopy(state()) if state is not None else None
+    return result, args, after, out.getvalue(), _identities(result, args)
+
+
+def dynamo_counts(fn: Callable[..., Any], make: Callable[[], tuple], reset=None) -> Counts:
+    """What torch.compile captures of one call of `fn`. Dynamo counts a break under
+    "graph_break", or under "unimplemented" when it resumes at a jump (a branch on a
+    tensor); a frame it skips (runs eagerly) is one it did not finish ("frames")."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    counter = CompileCounter()
+    if reset is not None:
+        reset()
+    with contextlib.redirect_stdout(io.StringIO()):
+        torch.compile(fn, backend=counter)(*make())
+    breaks = sum(counters["graph_break"].values()) + sum(counters["unimplemented"].values())
+    skipped = counters["frames"]["total"] - counters["frames"]["ok"]
+    torch._dynamo.reset()
+    return Counts(counter.frame_count, breaks, counter.op_count, skipped)
+
+
+def check(
+    fn: Callable[..., Any],
+    make: Callable[[], tuple],
+    *,
+    state: Callable[[], Any] | None = None,
+    reset: Callable[[], None] | None = None,
+    eager_frames: int = 0,
+    compare_args: bool = True,
+    dynamo: bool = True,
+    backend: str = "eager",
+    fullgraph: bool = False,
+) -> Counts:
+    """Differential check of `fn` against eager, then of ember's capture against Dynamo's.
+    Returns ember's counts (of the first run) for further assertions."""
+    ember.reset()
+    counter = CountingBackend(backend)
+    compiled = ember.compile(fn, backend=counter, fullgraph=fullgraph)
+    counts = None
+    for run in range(2):
+        expected = _run(fn, make, state, reset)
+        actual = _run(compiled, make, state, reset)
+        assert_same(actual[0], expected[0], path=f"run {run}: result")
+        if compare_args:
+            assert_same(actual[1], expected[1], path=f"run {run}: arguments after the call")
+        assert_same(actual[2], expected[2], path=f"run {run}: outside state")
+        assert actual[3] == expected[3], f"run {run}: printed {actual[3]!r} != {expected[3]!r}"
+        assert actual[4] == expected[4], f"run {run}: identities {actual[4]} != {expected[4]}"
+        if run == 0:
+            stats = ember.stats()
+            counts = Counts(
+                counter.frame_count, stats["graph_breaks"], counter.op_count, stats["eager_frames"]
+            )
+    assert counts.eager_frames == eager_frames, (
+        f"{counts.eager_frames} frame(s) ran eagerly: {ember.stats()['break_reasons']}"
+    )
+    if dynamo:
+        compare_with_dynamo(counts, dynamo_counts(fn, make, reset))
+    return counts
+
+
+def compare_with_dynamo(ours: Counts, theirs: Counts) -> None:
+    text = f"ember {ours} vs Dynamo {theirs}: {ember.stats()['break_reasons']}"
+    assert ours.eager_frames <= theirs.eager_frames, text
+    if theirs.eager_frames == 0:
+        assert ours.graphs <= theirs.graphs, text
+        assert ours.breaks <= theirs.breaks, text
+    else:
+        assert ours.ops >= theirs.ops, text
+
+
+def tensors(*shapes: tuple[int, ...]) -> Callable[[], tuple]:
+    """An argument maker: fresh random tensors of the given shapes (the same each call)."""
+
+    def make() -> tuple:
+        gen = torch.Generator().manual_seed(0)
+        return tuple(torch.randn(*shape, generator=gen) for shape in shapes)
+
+    return make
