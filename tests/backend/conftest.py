@@ -3,6 +3,8 @@
 Every backend test runs once per CPU target this machine can execute (`native`, then each
 lower x86-64 level: avx512, avx2, sse2), because the same C++ becomes different vector code
 (and different special-value paths) per target. EMBER_TEST_ISAS=native,avx2 narrows the set.
+The target fixture is package-scoped (this directory is a package for that reason), so the
+tests of other directories run on the native target again.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ def _isas() -> list[str]:
     return isas
 
 
-@pytest.fixture(autouse=True, scope="session", params=_isas(), ids=lambda isa: f"isa={isa}")
+@pytest.fixture(autouse=True, scope="package", params=_isas(), ids=lambda isa: f"isa={isa}")
 def cpu_isa(request: pytest.FixtureRequest, _shared_cache):
     with config.patch(cpu_isa=request.param):
         yield request.param
