@@ -1,5 +1,5 @@
 # Two commands: `make demo` and `make test`. Each creates the virtual environment if missing.
-# PY picks the interpreter (python3.11 by default; `make test PY=python3.12` for 3.12),
+# PY picks the interpreter (python3.11 by default; `make test PY=python3.12` or PY=python3.13),
 # TORCH_VERSION the torch release (2.13.0 by default; `make test TORCH_VERSION=2.14.1`).
 PY ?= python3.11
 TORCH_VERSION ?= 2.13.0

@@ -2,18 +2,25 @@
 
 `CodeBuilder` starts from a template code object (the user's function: its signature, cells and
 free variables stay the same) and its methods emit what a replacement body needs: loads of
-locals, globals, cells, attributes and items, calls, container builds, stores and the return.
-Each method hides the 3.11/3.12 difference (PRECALL, the NULL bit of LOAD_GLOBAL/LOAD_ATTR).
+locals, globals, cells, attributes and items, calls, comparisons, container builds, jumps,
+stores and the return. Each method writes the sequence the running Python needs (`dialect.py`):
+PRECALL, KW_NAMES or CALL_KW, the NULL below or above a callable, the method bit of
+LOAD_ATTR, the bool bit of COMPARE_OP, TO_BOOL before a test.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dis
 import types
+from collections.abc import Iterator
 from typing import Any
 
-from bytecode import Bytecode, CellVar, FreeVar, Instr, Label, SetLineno
+from bytecode import Bytecode, CellVar, Compare, FreeVar, Instr, Label, SetLineno
 
-from ember.bytecode.ops import PY312
+from ember.bytecode.decode import Inst
+from ember.bytecode.dialect import THIS
+from ember.bytecode.ops import Op
 
 
 class CodeBuilder:
@@ -22,13 +29,13 @@ class CodeBuilder:
     def __init__(self, template: types.CodeType, name_suffix: str = "") -> None:
         self.template = template
         self.bc = Bytecode.from_code(template)
-        prologue = []
-        for ins in self.bc:
-            prologue.append(ins)
-            if isinstance(ins, Instr) and ins.name == "RESUME":
-                break
-        self.bc.clear()
-        self.bc.extend(prologue)
+        body = next(
+            n + 1 for n, e in enumerate(self.bc) if isinstance(e, Instr) and e.name == "RESUME"
+        )
+        self.template_body = self.bc[body:]
+        """The template's instructions after its prologue (MAKE_CELL, COPY_FREE_VARS,
+        RESUME), which the builder keeps."""
+        del self.bc[body:]
         if name_suffix:
             self.bc.name = template.co_name + name_suffix
             self.bc.qualname = template.co_qualname + name_suffix
@@ -36,7 +43,8 @@ class CodeBuilder:
         self._frees = set(template.co_freevars)
 
     def emit(self, name: str, *arg: Any) -> None:
-        """Append one instruction; `arg` is omitted for instructions that take none."""
+        """Append one instruction; `arg` is omitted for instructions that take none. Only for
+        instructions that every supported version spells the same (BUILD_SET, SET_UPDATE)."""
         self.bc.append(Instr(name, *arg))
 
     def label(self) -> Label:
@@ -46,8 +54,10 @@ class CodeBuilder:
         self.bc.append(label)
 
     # loads and stores
-    def load_const(self, value: Any) -> None:
-        self.emit("LOAD_CONST", value)
+    def load_const(self, value: Any, push_null: bool = False) -> None:
+        """Push a constant; with `push_null`, also the NULL that makes it a call's callable."""
+        with self.callee() if push_null else contextlib.nullcontext():
+            self.emit("LOAD_CONST", value)
 
     def load_fast(self, name: str) -> None:
         if name in self._cells or name in self._frees:
@@ -71,13 +81,21 @@ class CodeBuilder:
         return CellVar(name) if name in self._cells else FreeVar(name)
 
     def load_global(self, name: str, push_null: bool = False) -> None:
+        """Push a global; with `push_null`, also the NULL that makes it a call's callable."""
         self.emit("LOAD_GLOBAL", (push_null, name))
 
     def store_global(self, name: str) -> None:
         self.emit("STORE_GLOBAL", name)
 
     def load_attr(self, name: str) -> None:
-        self.emit("LOAD_ATTR", (False, name) if PY312 else name)
+        self.emit("LOAD_ATTR", (False, name) if THIS.attr_method_bit else name)
+
+    def load_method(self, name: str) -> None:
+        """Replace the object on top by the callable pair of a call of its method `name`."""
+        if THIS.attr_method_bit:
+            self.emit("LOAD_ATTR", (True, name))
+        else:
+            self.emit("LOAD_METHOD", name)
 
     def store_attr(self, name: str) -> None:
         self.emit("STORE_ATTR", name)
@@ -88,22 +106,65 @@ class CodeBuilder:
     def store_subscr(self) -> None:
         self.emit("STORE_SUBSCR")
 
-    # calls: the caller pushes NULL (push_null) and the callable, then the arguments
+    # calls: [callable and its NULL (load_global / load_const with push_null, load_method,
+    # or any code inside `with callee()`), then the arguments], then call()
+    @contextlib.contextmanager
+    def callee(self) -> Iterator[None]:
+        """The code emitted inside pushes a callable: the NULL of the call convention goes
+        below it (3.11/3.12) or above it (3.13)."""
+        if not THIS.null_above_callable:
+            self.push_null()
+        yield
+        if THIS.null_above_callable:
+            self.push_null()
+
     def push_null(self) -> None:
+        """A NULL at this very position of the stack (rebuilding a recorded stack); a call's
+        NULL is pushed by `callee` and the `push_null` arguments, which place it."""
         self.emit("PUSH_NULL")
 
     def call(self, nargs: int, kw_names: tuple[str, ...] = ()) -> None:
-        """Call with `nargs` arguments on the stack above [NULL, callable]; the last
+        """Call with `nargs` arguments on the stack above the callable and its NULL; the last
         `len(kw_names)` of them are passed by keyword."""
+        if kw_names and not THIS.kw_names_instruction:
+            self.emit("LOAD_CONST", kw_names)
+            self.emit("CALL_KW", nargs)
+            return
         if kw_names:
             self.emit("KW_NAMES", kw_names)
-        if not PY312:
+        if THIS.precall:
             self.emit("PRECALL", nargs)
         self.emit("CALL", nargs)
 
     def call_ex(self, has_kwargs: bool) -> None:
-        """Call [NULL, callable, args-tuple, (kwargs-dict)]."""
+        """Call [callable and its NULL, args-tuple, (kwargs-dict)]."""
         self.emit("CALL_FUNCTION_EX", int(has_kwargs))
+
+    # operators
+    def compare(self, op: str, to_bool: bool = False) -> None:
+        """COMPARE_OP with one of dis.cmp_op; `to_bool` (3.13) converts the result to bool."""
+        self.emit("COMPARE_OP", Compare(dis.cmp_op.index(op) | (16 if to_bool else 0)))
+
+    def unary_not(self) -> None:
+        if THIS.exact_bool_tests:
+            self.emit("TO_BOOL")
+        self.emit("UNARY_NOT")
+
+    def replay(self, inst: Inst) -> None:
+        """Emit a decoded operator, attribute or subscript instruction again (break code runs
+        the instruction ember could not trace in CPython)."""
+        if inst.op is Op.COMPARE_OP:
+            self.compare(inst.argval, inst.to_bool)
+        elif inst.op is Op.UNARY_NOT:
+            self.unary_not()
+        elif inst.op is Op.LOAD_ATTR:
+            self.load_attr(inst.argval)
+        elif inst.op in (Op.STORE_ATTR, Op.DELETE_ATTR):
+            self.emit(inst.opname, inst.argval)
+        elif inst.arg is not None:  # BINARY_OP, IS_OP, CONTAINS_OP: a plain number
+            self.emit(inst.opname, inst.arg)
+        else:
+            self.emit(inst.opname)
 
     # stack and containers
     def pop_top(self) -> None:
@@ -122,11 +183,18 @@ class CodeBuilder:
     def unpack(self, count: int) -> None:
         self.emit("UNPACK_SEQUENCE", count)
 
+    def get_iter(self) -> None:
+        self.emit("GET_ITER")
+
+    # control flow
     def pop_jump_if(self, condition: str, label: Label) -> None:
-        """condition: TRUE, FALSE, NONE or NOT_NONE (a forward jump)."""
-        self.emit(
-            f"POP_JUMP_IF_{condition}" if PY312 else f"POP_JUMP_FORWARD_IF_{condition}", label
-        )
+        """condition: TRUE, FALSE (on any value's truth), NONE or NOT_NONE (a forward jump)."""
+        if THIS.exact_bool_tests and condition in ("TRUE", "FALSE"):
+            self.emit("TO_BOOL")
+        self.emit(f"{THIS.conditional_jump_prefix}{condition}", label)
+
+    def jump_forward(self, label: Label) -> None:
+        self.emit("JUMP_FORWARD", label)
 
     def return_value(self) -> None:
         self.emit("RETURN_VALUE")

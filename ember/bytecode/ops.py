@@ -1,9 +1,10 @@
-"""Version-neutral operations: every CPython opcode of 3.11 and 3.12 maps to one `Op` or to a
-stated reason why ember does not interpret it.
+"""Version-neutral operations: every CPython opcode of 3.11, 3.12 and 3.13 maps to one `Op`
+or to a stated reason why ember does not interpret it.
 
 The translator's handlers are keyed by `Op`, so they never see a version-specific opcode
 (3.11's POP_JUMP_FORWARD_IF_TRUE and 3.12's POP_JUMP_IF_TRUE are both `Op.POP_JUMP_IF_TRUE`;
-3.12's LOAD_ATTR with the method bit is `Op.LOAD_METHOD`).
+3.12's LOAD_ATTR with the method bit is `Op.LOAD_METHOD`). An `Op` that only some versions
+have (KW_NAMES, CALL_KW, TO_BOOL) keeps its handler on all of them.
 """
 
 from __future__ import annotations
@@ -11,16 +12,16 @@ from __future__ import annotations
 import dis
 import enum
 import operator
-import sys
-
-PY312 = sys.version_info >= (3, 12)
 
 
 class Op(enum.Enum):
     NOP = enum.auto()
     LOAD_FAST = enum.auto()
     LOAD_FAST_AND_CLEAR = enum.auto()
+    LOAD_FAST_LOAD_FAST = enum.auto()
     STORE_FAST = enum.auto()
+    STORE_FAST_STORE_FAST = enum.auto()
+    STORE_FAST_LOAD_FAST = enum.auto()
     DELETE_FAST = enum.auto()
     LOAD_CONST = enum.auto()
     LOAD_GLOBAL = enum.auto()
@@ -44,6 +45,7 @@ class Op(enum.Enum):
     UNARY_POSITIVE = enum.auto()
     UNARY_NOT = enum.auto()
     UNARY_INVERT = enum.auto()
+    TO_BOOL = enum.auto()
     COMPARE_OP = enum.auto()
     IS_OP = enum.auto()
     CONTAINS_OP = enum.auto()
@@ -70,10 +72,15 @@ class Op(enum.Enum):
     UNPACK_SEQUENCE = enum.auto()
     UNPACK_EX = enum.auto()
     FORMAT_VALUE = enum.auto()
+    CONVERT_VALUE = enum.auto()
+    FORMAT_SIMPLE = enum.auto()
+    FORMAT_WITH_SPEC = enum.auto()
     KW_NAMES = enum.auto()
     CALL = enum.auto()
+    CALL_KW = enum.auto()
     CALL_FUNCTION_EX = enum.auto()
     MAKE_FUNCTION = enum.auto()
+    SET_FUNCTION_ATTRIBUTE = enum.auto()
     JUMP = enum.auto()
     POP_JUMP_IF_TRUE = enum.auto()
     POP_JUMP_IF_FALSE = enum.auto()
@@ -175,24 +182,15 @@ UNSUPPORTED: dict[str, str] = {
         "instrumented opcodes only appear under sys.monitoring, which ember does not trace",
     ),
     **dict.fromkeys(
-        [
-            "INTERPRETER_EXIT",
-            "RESERVED",
-            "JUMP",
-            "JUMP_NO_INTERRUPT",
-            "LOAD_METHOD",
-            "LOAD_SUPER_METHOD",
-            "LOAD_ZERO_SUPER_ATTR",
-            "LOAD_ZERO_SUPER_METHOD",
-            "POP_BLOCK",
-            "SETUP_CLEANUP",
-            "SETUP_FINALLY",
-            "SETUP_WITH",
-        ]
-        if PY312
-        else [],
-        "pseudo-instruction of the 3.12 compiler, never present in a code object",
+        [name for name, code in dis.opmap.items() if code >= 256],
+        "pseudo-instruction of the compiler, never present in a code object",
     ),
+    **dict.fromkeys(
+        ["INTERPRETER_EXIT", "RESERVED", "EXIT_INIT_CHECK"],
+        "only in the interpreter's own code (its exit and `__init__` shims), never in a function's",
+    ),
+    "ENTER_EXECUTOR": "JIT executors replace instructions in the adaptive copy of the code, "
+    "never in co_code",
 }
 
 
@@ -205,7 +203,7 @@ def op_for(opname: str) -> Op | None:
     return Op[opname]
 
 
-# BINARY_OP's argument (the same numbering in 3.11 and 3.12) to the operator function.
+# BINARY_OP's argument (the same numbering in 3.11, 3.12 and 3.13) to the operator function.
 BINARY_OPS = [
     operator.add,
     operator.and_,

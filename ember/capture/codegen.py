@@ -15,15 +15,13 @@ User functions called at the break go through ember again.
 from __future__ import annotations
 
 import dataclasses
-import dis
 import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from bytecode import Compare
 
-from ember.bytecode import CodeBuilder, Inst, Op
+from ember.bytecode import CodeBuilder, Inst, Op, decode, operands
 from ember.capture.handlers.control import ExitValue
 from ember.capture.output_graph import Harvest
 from ember.capture.resume import Slot, StackSlot, leave_grad_block
@@ -177,8 +175,7 @@ class BreakSite:
 def _call_graph(cg: CodeBuilder, compiled_name: str | None, harvest: Harvest) -> None:
     if compiled_name is None:
         return
-    cg.push_null()
-    cg.load_global(compiled_name)
+    cg.load_global(compiled_name, push_null=True)
     for graph_input in harvest.inputs:
         graph_input.source.emit(cg)
     cg.call(len(harvest.inputs))
@@ -190,8 +187,7 @@ def _set_grad_mode(cg: CodeBuilder, mode: bool | None) -> None:
     skipped as empty, or its backend may not change global state."""
     if mode is None:
         return
-    cg.push_null()
-    cg.load_const(torch._C._set_grad_enabled)
+    cg.load_const(torch._C._set_grad_enabled, push_null=True)
     cg.load_const(mode)
     cg.call(1)
     cg.pop_top()
@@ -217,7 +213,7 @@ def build_replacement(
 
 
 def _writes_free_variables(code: types.CodeType) -> bool:
-    for ins in dis.get_instructions(code):
+    for ins in decode(code):
         if ins.opname in ("STORE_DEREF", "DELETE_DEREF") and ins.argval in code.co_freevars:
             return True
     return any(isinstance(c, types.CodeType) and _writes_free_variables(c) for c in code.co_consts)
@@ -238,10 +234,8 @@ def _rebuild_nested_function(
             "at a graph break",
         )
     if compiled:
-        cg.push_null()
-        cg.load_const(site.wrap_callee)
-    cg.push_null()
-    cg.load_const(types.FunctionType)
+        cg.load_const(site.wrap_callee, push_null=True)
+    cg.load_const(types.FunctionType, push_null=True)
     cg.load_const(value.code)
     cg.load_const(value.f_globals)
     cg.load_const(value.code.co_name)
@@ -257,8 +251,7 @@ def _rebuild_nested_function(
             raise Unsupported(
                 BreakReason.UNSUPPORTED_OBJECT, f"{value.describe()} reads an unassigned cell"
             )
-        cg.push_null()
-        cg.load_const(types.CellType)
+        cg.load_const(types.CellType, push_null=True)
         em.reconstruct(cell.contents)
         cg.call(1)
     cg.build("TUPLE", len(value.closure))
@@ -274,8 +267,7 @@ def _reconstruct_callee(em: Emitter, value: Value, site: BreakSite) -> None:
     elif isinstance(value, NestedFunctionValue):
         _rebuild_nested_function(em, value, site)
     elif isinstance(value, BoundMethodValue) and isinstance(value.fn, UserFunctionValue):
-        em.cg.push_null()
-        em.cg.load_const(types.MethodType)
+        em.cg.load_const(types.MethodType, push_null=True)
         em.cg.load_const(site.wrap_callee(value.fn.fn))
         em.reconstruct(value.receiver)
         em.cg.call(2)
@@ -283,8 +275,7 @@ def _reconstruct_callee(em: Emitter, value: Value, site: BreakSite) -> None:
         mod = value.module
         if type(mod).__call__ is torch.nn.Module.__call__ and not has_hooks(mod):
             # forward through ember, so a submodule whose forward breaks is captured too
-            em.cg.push_null()
-            em.cg.load_const(types.MethodType)
+            em.cg.load_const(types.MethodType, push_null=True)
             em.cg.load_const(site.wrap_callee(type(mod).forward))
             value.source.emit(em.cg)
             em.cg.call(2)
@@ -322,8 +313,7 @@ def _call_resume(
     local_names: list[str],
     cells: dict[str, Value] | None = None,
 ) -> None:
-    cg.push_null()
-    cg.load_const(resume)
+    cg.load_const(resume, push_null=True)
     count = 0
     for i, slot in enumerate(slots):
         if slot.kind is not Slot.NULL:
@@ -351,15 +341,12 @@ def build_break_replacement(
     _set_grad_mode(cg, site.grad_mode)
     stack, inst = site.stack, site.inst
     slots = [_slot(v) for v in stack]
+    pops, pushes = operands(inst) if can_resume_after(inst) else (0, 0)
+    base = len(stack) - pops
     callee_at = -1
-    if inst.op is Op.CALL:  # [NULL, callable, args] or [callable, self, args]
-        callee_at = len(stack) - inst.arg - 1
-        if not isinstance(stack[callee_at - 1], NullValue):
-            callee_at -= 1
-    elif inst.op is Op.CALL_FUNCTION_EX:
-        callee_at = len(stack) - 2 - (inst.arg & 1)
-    operands = len(stack) - _operand_count(inst)
-    for i in range(operands, len(stack)):  # what CPython consumes is passed whole
+    if inst.op in _CALLS:  # [NULL, callable], [callable, NULL] or [function, self]; args
+        callee_at = base + 1 if isinstance(stack[base], NullValue) else base
+    for i in range(base, len(stack)):  # what CPython consumes is passed whole
         if slots[i].kind is Slot.METHOD:
             slots[i] = StackSlot(Slot.VALUE)
     for i, value in enumerate(stack):
@@ -370,7 +357,7 @@ def build_break_replacement(
             em.reconstruct(TupleValue(value.items[value.position :]))
         elif kind is Slot.METHOD:
             em.reconstruct(value.receiver)
-        elif isinstance(value, NestedFunctionValue) and i >= operands:
+        elif isinstance(value, NestedFunctionValue) and i >= base:
             # a function argument of the broken call (`sorted(xs, key=lambda v: ...)`)
             _rebuild_nested_function(em, value, site, compiled=False)
         elif isinstance(value, ExitValue) and isinstance(value.manager, GradModeValue):
@@ -424,16 +411,19 @@ def build_break_replacement(
             f"a graph break at {inst.opname} cannot be resumed",
             hint="the function runs eagerly",
         )
-    pushes = 1 if inst.op in (Op.CALL, Op.CALL_FUNCTION_EX) else _REPLAYABLE[inst.op][1]
-    base = operands
-    for i in range(base, len(stack)):
+    kw_names = site.kw_names
+    pushed_back = len(stack)
+    if inst.op is Op.CALL_KW:  # the names are the top slot, which `call` loads itself
+        kw_names = stack[-1].as_constant()
+        pushed_back -= 1
+    for i in range(base, pushed_back):
         if slots[i].kind is Slot.NULL:
             cg.push_null()
         else:
             cg.load_fast(break_temp(i))
             if slots[i].kind is Slot.ITERATOR:
-                cg.emit("GET_ITER")
-    _emit_unsupported(cg, inst, site.kw_names)
+                cg.get_iter()
+    _emit_unsupported(cg, inst, kw_names)
     rest = slots[:base]
     if pushes:
         cg.store_fast(break_temp(base))
@@ -449,60 +439,38 @@ def build_break_replacement(
     return cg.to_code()
 
 
-_REPLAYABLE = {
-    Op.BINARY_SUBSCR: (2, 1),
-    Op.BINARY_OP: (2, 1),
-    Op.COMPARE_OP: (2, 1),
-    Op.IS_OP: (2, 1),
-    Op.CONTAINS_OP: (2, 1),
-    Op.UNARY_NEGATIVE: (1, 1),
-    Op.UNARY_INVERT: (1, 1),
-    Op.UNARY_NOT: (1, 1),
-    Op.LOAD_ATTR: (1, 1),
-    Op.STORE_ATTR: (2, 0),
-    Op.DELETE_ATTR: (1, 0),
-    Op.STORE_SUBSCR: (3, 0),
-    Op.DELETE_SUBSCR: (2, 0),
-}
-"""Instructions other than calls that break code can run in CPython as they are:
-(operands popped, results pushed). `x[mask]`, `t.grad`, `del obj.attr` break here."""
-
-
-def _operand_count(inst: Inst) -> int:
-    """How many stack slots the unsupported instruction consumes."""
-    if inst.op is Op.CALL:
-        return inst.arg + 2
-    if inst.op is Op.CALL_FUNCTION_EX:
-        return 3 + (inst.arg & 1)
-    if inst.op in _JUMP_CONDITIONS:
-        return 1
-    return _REPLAYABLE.get(inst.op, (0, 0))[0]
+_CALLS = (Op.CALL, Op.CALL_KW, Op.CALL_FUNCTION_EX)
+_REPLAYABLE = frozenset(
+    {
+        Op.BINARY_SUBSCR,
+        Op.BINARY_OP,
+        Op.COMPARE_OP,
+        Op.IS_OP,
+        Op.CONTAINS_OP,
+        Op.UNARY_NEGATIVE,
+        Op.UNARY_INVERT,
+        Op.UNARY_NOT,
+        Op.LOAD_ATTR,
+        Op.STORE_ATTR,
+        Op.DELETE_ATTR,
+        Op.STORE_SUBSCR,
+        Op.DELETE_SUBSCR,
+    }
+)
+"""Instructions other than calls that break code can run in CPython as they are
+(`x[mask]`, `t.grad`, `del obj.attr` break here)."""
 
 
 def can_resume_after(inst: Inst) -> bool:
     """Whether break code can run this instruction in CPython and resume after it."""
-    return (
-        inst.op in (Op.CALL, Op.CALL_FUNCTION_EX)
-        or inst.op in _REPLAYABLE
-        or (inst.op in _JUMP_CONDITIONS)
-    )
+    return inst.op in _CALLS or inst.op in _REPLAYABLE or inst.op in _JUMP_CONDITIONS
 
 
 def _emit_unsupported(cg: CodeBuilder, inst: Inst, kw_names: tuple[str, ...]) -> None:
     """The instruction that broke the capture, for CPython to run on the rebuilt stack."""
-    if inst.op is Op.CALL:
+    if inst.op in (Op.CALL, Op.CALL_KW):
         cg.call(inst.arg, kw_names)
     elif inst.op is Op.CALL_FUNCTION_EX:
         cg.call_ex(bool(inst.arg & 1))
-    elif inst.op is Op.COMPARE_OP:
-        cg.emit("COMPARE_OP", Compare(dis.cmp_op.index(inst.argval)))
-    elif inst.op in (Op.BINARY_OP, Op.IS_OP, Op.CONTAINS_OP):
-        cg.emit(inst.opname, inst.arg)
-    elif inst.op is Op.LOAD_ATTR:
-        cg.load_attr(inst.argval)
-    elif inst.op is Op.STORE_ATTR:
-        cg.store_attr(inst.argval)
-    elif inst.op is Op.DELETE_ATTR:
-        cg.emit("DELETE_ATTR", inst.argval)
     else:
-        cg.emit(inst.opname)
+        cg.replay(inst)

@@ -176,6 +176,11 @@ def _containers(tx: Translator, fn: Any, args: list[Value]) -> Value | None:
                 if isinstance(a, ListValue)
                 else TupleValue(a.items + b.items)
             )
+    if isinstance(a, DictValue) and isinstance(b, DictValue) and plain is operator.or_:
+        # `d |= m` updates d itself (3.13's ChainMap.__iter__ does it); `d | m`, a copy
+        merged = a if fn is operator.ior else a.call_method(tx, "copy", [], {})
+        merged.call_method(tx, "update", [b], {})
+        return merged
     if isinstance(a, SequenceValue) and b.is_constant() and plain is operator.mul:
         items = a.items * b.as_constant()
         return ListValue(items) if isinstance(a, ListValue) else TupleValue(items)

@@ -11,23 +11,27 @@ recurs in a loop, or in a resume function, continues in the same one. Only local
 the break travel; cells travel as their contents; methods as their receivers; grad-mode
 `with` blocks keep their handlers in the copied code and get an `__exit__` that restores the
 outer mode. Whether a break can resume at all (try blocks, other context managers) is decided
-from the exception table (`enclosing_blocks`).
+from the exception table (`ember.bytecode.enclosing_blocks`); which locals travel, from
+`ember.bytecode.live_locals`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import dis
 import enum
-import inspect
 import types
 import weakref
 from collections.abc import Callable
 
 import torch
-from bytecode import Bytecode, Instr, Label, TryBegin
 
-from ember.bytecode import PY312, Inst
+from ember.bytecode import (  # noqa: F401  (frame.py takes the two analyses from here)
+    CannotContinue,
+    Continuation,
+    Inst,
+    enclosing_blocks,
+    live_locals,
+)
 from ember.errors import BreakReason, Unsupported
 
 
@@ -50,86 +54,6 @@ class StackSlot:
 
     kind: Slot
     attr: str = ""
-
-
-def enclosing_blocks(code: types.CodeType, inst: Inst) -> list[bool]:
-    """The try/with blocks around an instruction, innermost first: True for a `with` block.
-
-    The exception table maps an instruction to its innermost handler only; the handler's own
-    code is covered by a cleanup entry, and the cleanup by the next enclosing block's handler,
-    so the chain of targets visits every enclosing block once."""
-    entries = dis.Bytecode(code).exception_entries
-    instrs = list(dis.get_instructions(code))
-    index = {ins.offset: n for n, ins in enumerate(instrs)}
-    blocks: list[bool] = []
-    offset = inst.offset
-    for _ in range(len(entries) + 1):
-        entry = next((e for e in entries if e.start <= offset < e.end), None)
-        if entry is None:
-            break
-        at = index[entry.target]
-        if instrs[at].opname == "PUSH_EXC_INFO":
-            blocks.append(instrs[at + 1].opname == "WITH_EXCEPT_START")
-        offset = entry.target
-    return blocks
-
-
-_UNCONDITIONAL = {
-    "JUMP_FORWARD",
-    "JUMP_BACKWARD",
-    "JUMP_BACKWARD_NO_INTERRUPT",
-    "RETURN_VALUE",
-    "RETURN_CONST",
-    "RAISE_VARARGS",
-    "RERAISE",
-}
-_JUMPS = set(dis.hasjrel) | set(dis.hasjabs)
-_live_cache: weakref.WeakKeyDictionary[types.CodeType, dict[int, frozenset[str]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def live_locals(code: types.CodeType, offset: int) -> frozenset[str]:
-    """The fast locals that may be read, before being assigned, from the instruction at
-    `offset` on (exception handlers count as successors). Only these travel to a resume
-    function: a dead local would cost a guard, and a dead tensor a graph output."""
-    table = _live_cache.get(code)
-    if table is None:
-        table = _live_cache[code] = _liveness(code)
-    return table.get(offset, frozenset(code.co_varnames))
-
-
-def _liveness(code: types.CodeType) -> dict[int, frozenset[str]]:
-    instrs = list(dis.get_instructions(code))
-    index = {ins.offset: n for n, ins in enumerate(instrs)}
-    handlers = dis.Bytecode(code).exception_entries
-    succs: list[list[int]] = []
-    uses: list[set[str]] = []
-    defs: list[set[str]] = []
-    for n, ins in enumerate(instrs):
-        nxt = [] if ins.opname in _UNCONDITIONAL or n + 1 == len(instrs) else [n + 1]
-        if ins.opcode in _JUMPS and ins.argval in index:
-            nxt.append(index[ins.argval])
-        nxt += [index[e.target] for e in handlers if e.start <= ins.offset < e.end]
-        succs.append(nxt)
-        name = ins.argval if isinstance(ins.argval, str) else None
-        reads = ins.opname.startswith("LOAD_FAST") or ins.opname == "MAKE_CELL"
-        uses.append({name} if reads and name else set())
-        writes = ins.opname in ("STORE_FAST", "DELETE_FAST")
-        defs.append({name} if writes and name else set())
-    live: list[set[str]] = [set() for _ in instrs]
-    changed = True
-    while changed:
-        changed = False
-        for n in reversed(range(len(instrs))):
-            out: set[str] = set()
-            for m in succs[n]:
-                out |= live[m]
-            new = uses[n] | (out - defs[n])
-            if new != live[n]:
-                live[n] = new
-                changed = True
-    return {ins.offset: frozenset(live[n]) for n, ins in enumerate(instrs)}
 
 
 def is_grad_exit(value: object) -> bool:
@@ -214,22 +138,6 @@ def make_resume_function(
     return made
 
 
-def _keep_handler_depths(code: types.CodeType, entries: list) -> None:
-    """Give the copied try blocks the stack depths of the original exception table (the
-    `bytecode` package recomputes them from the entry, which in a resume function jumps into
-    the middle of the code and yields nonsense)."""
-    table = dis.Bytecode(code).exception_entries
-    blocks = [e for e in entries if isinstance(e, TryBegin)]
-    if len(blocks) != len(table):
-        raise Unsupported(
-            BreakReason.UNSUPPORTED_OPCODE,
-            "the exception table of this function cannot be copied into a resume function",
-        )
-    for block, entry in zip(blocks, table):
-        block.stack_depth = entry.depth
-        block.push_lasti = entry.lasti
-
-
 def _build(
     fn: types.FunctionType,
     code: types.CodeType,
@@ -242,62 +150,34 @@ def _build(
     """Copy `code`, with a prologue that pushes the stack slots back and jumps to the
     instruction of the given ordinal. Cell variables stay cells: live ones arrive as
     parameters, which the copied MAKE_CELL instructions turn into fresh cells."""
-    original = Bytecode.from_code(code)
-    entries = list(original)
-    _keep_handler_depths(code, entries)
-    body_start = next(
-        n + 1 for n, e in enumerate(entries) if isinstance(e, Instr) and e.name == "RESUME"
-    )
-    label = Label()
-    seen = 0
-    for position, entry in enumerate(entries):
-        if isinstance(entry, Instr):
-            if seen == ordinal:
-                entries.insert(position, label)
-                break
-            seen += 1
     stack_names = [stack_param(i) for i, slot in enumerate(slots) if slot.kind is not Slot.NULL]
-    prologue = [e for e in entries[:body_start] if isinstance(e, Instr)]
-    copied_head = len(prologue)
     params = [
         name if name.isidentifier() else f"___local_{i}" for i, name in enumerate(local_names)
     ]
+    name = f"__resume_{code.co_name}_at_{offset}"
+    try:
+        cg = Continuation(code, ordinal, name, stack_names + params)
+    except CannotContinue as exc:
+        raise Unsupported(BreakReason.UNSUPPORTED_OPCODE, str(exc)) from exc
     for param, name in zip(params, local_names):
         if param != name:  # `@py_assert1` (pytest's rewritten asserts) cannot be a parameter
-            prologue += [Instr("LOAD_FAST", param), Instr("STORE_FAST", name)]
+            cg.load_fast(param)
+            cg.store_fast(name)
     if grad_mode is not None:  # torch.set_grad_enabled(mode) as a statement
-        prologue += [
-            Instr("PUSH_NULL"),
-            Instr("LOAD_CONST", torch.set_grad_enabled),
-            Instr("LOAD_CONST", grad_mode),
-            *([] if PY312 else [Instr("PRECALL", 1)]),
-            Instr("CALL", 1),
-            Instr("POP_TOP"),
-        ]
+        cg.load_const(torch.set_grad_enabled, push_null=True)
+        cg.load_const(grad_mode)
+        cg.call(1)
+        cg.pop_top()
     for i, slot in enumerate(slots):
         if slot.kind is Slot.NULL:
-            prologue.append(Instr("PUSH_NULL"))
+            cg.push_null()
             continue
-        prologue.append(Instr("LOAD_FAST", stack_param(i)))
+        cg.load_fast(stack_param(i))
         if slot.kind is Slot.ITERATOR:
-            prologue.append(Instr("GET_ITER"))
+            cg.get_iter()
         elif slot.kind is Slot.METHOD:
-            prologue.append(Instr("LOAD_ATTR", (False, slot.attr) if PY312 else slot.attr))
-    prologue.append(Instr("JUMP_FORWARD", label))
-    resume = Bytecode(prologue + entries[body_start:])
-    resume.name = f"__resume_{code.co_name}_at_{offset}"
-    resume.qualname = resume.name
-    resume.filename = code.co_filename
-    resume.first_lineno = code.co_firstlineno
-    resume.freevars = list(code.co_freevars)
-    resume.cellvars = list(code.co_cellvars)
-    resume.flags = code.co_flags & ~(inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
-    resume.argcount = len(stack_names) + len(local_names)
-    resume.posonlyargcount = 0
-    resume.kwonlyargcount = 0
-    resume.argnames = stack_names + params
-    # the copied try blocks keep their original depths (the prologue rebuilds that stack;
-    # recomputing them from the jump into the middle of the code gives nonsense)
-    new_code = resume.to_code(compute_exception_stack_depths=False)
-    _origins[new_code] = _Origin(code, copied_head - len(prologue), len(prologue))
+            cg.load_attr(slot.attr)
+    prologue = cg.prologue_length()
+    new_code = cg.to_code()
+    _origins[new_code] = _Origin(code, cg.copied_head - prologue, prologue)
     return types.FunctionType(new_code, fn.__globals__, new_code.co_name, None, fn.__closure__)

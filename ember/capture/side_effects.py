@@ -110,8 +110,6 @@ class SideEffects:
         stores: list[tuple[str, Any]] = []
         for container in self._containers.values():
             logs.log("side_effects", "replay contents of %s", container.source.name())
-            if _refill_method(container) is not None:
-                cg.push_null()  # below the `update`/`extend` called once the contents are built
             em.rebuild_fresh(container)
             stores.append(("container", container))
         for obj, attrs in self._attrs.values():
@@ -152,8 +150,8 @@ class SideEffects:
             obj.source.emit(cg)
             cg.store_attr(name)
             return
-        cg.push_null()  # stack: value, NULL, object.__setattr__, obj, name, value
-        cg.load_const(object.__setattr__)
+        # stack: value, object.__setattr__ and its NULL, obj, name, value
+        cg.load_const(object.__setattr__, push_null=True)
         obj.source.emit(cg)
         cg.load_const(name)
         cg.copy(5)
@@ -167,15 +165,15 @@ class SideEffects:
         slice assignment, a dict or deque by `clear()` and `update`/`extend`."""
         source = container.source
         refill = _refill_method(container)
-        if refill is not None:  # stack: NULL, contents
-            cg.push_null()
+        if refill is not None:  # stack: contents
             source.emit(cg)
-            cg.load_attr("clear")
+            cg.load_method("clear")
             cg.call(0)
             cg.pop_top()
             source.emit(cg)
-            cg.load_attr(refill)
+            cg.load_method(refill)  # contents, the method's callable pair
             cg.swap(2)
+            cg.swap(3)  # the method's callable pair, contents
             cg.call(1)
             cg.pop_top()
             return

@@ -1,6 +1,6 @@
 """The fast decoder (reads co_code itself) gives exactly what the `dis`-based one gave, field
-by field, on every code object of many real modules (stdlib, torch, transformers), on both
-3.11 and 3.12. The reference below is the decoder ember used before, kept as the oracle."""
+by field, on every code object of many real modules (stdlib, torch, transformers), on 3.11,
+3.12 and 3.13. The reference below is the decoder ember used before, kept as the oracle."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import pytest
 
 from ember.bytecode import Op, decode
 from ember.bytecode.decode import Inst, _decode
-from ember.bytecode.ops import PY312, op_for
+from ember.bytecode.dialect import THIS
+from ember.bytecode.ops import op_for
 
 _JUMPS = set(dis.hasjrel) | set(dis.hasjabs)
 
@@ -30,21 +31,24 @@ def reference_decode(code: types.CodeType) -> list[Inst]:
             line = ins.positions.lineno
         op = op_for(ins.opname)
         argval = ins.argval
-        push_null = False
+        push_null = to_bool = False
         target = None
         if ins.opcode in _JUMPS:
             target = index_of[ins.argval]
-            if ins.opname == "FOR_ITER" and PY312:
-                target += 1
+            target += {"FOR_ITER": THIS.for_iter_skips, "SEND": THIS.send_skips}.get(ins.opname, 0)
         if ins.opname == "LOAD_GLOBAL":
             push_null = bool(ins.arg & 1)
-        elif ins.opname == "LOAD_ATTR" and PY312 and ins.arg & 1:
+        elif ins.opname == "LOAD_ATTR" and THIS.attr_method_bit and ins.arg & 1:
             op = Op.LOAD_METHOD
+        elif ins.opname == "COMPARE_OP":
+            to_bool = bool(ins.arg & THIS.compare_cast_bit)
         elif ins.opname == "LOAD_SUPER_ATTR":
             push_null = bool(ins.arg & 1)
         elif ins.opname == "KW_NAMES":
             argval = code.co_consts[ins.arg]
-        out.append(Inst(op, ins.opname, ins.arg, argval, ins.offset, i, line, target, push_null))
+        out.append(
+            Inst(op, ins.opname, ins.arg, argval, ins.offset, i, line, target, push_null, to_bool)
+        )
     return out
 
 

@@ -38,15 +38,22 @@ def kw_names(tx, inst):
     tx.kw_names = inst.argval
 
 
-@handler(Op.CALL)
-def call(tx, inst):
-    args = tx.popn(inst.arg)
-    fn = tx.pop()
-    slot = tx.pop()
-    if not isinstance(slot, NullValue):  # method layout: [method, self, args...]
-        fn, args = slot, [fn, *args]
-    names = tx.kw_names
-    tx.kw_names = ()
+def _pop_callable(tx) -> tuple[Value, list[Value]]:
+    """The callable below a call's arguments and the arguments it takes first: the two
+    slots are [NULL, callable] (3.11/3.12), [callable, NULL] (3.13) or [function, self]."""
+    second = tx.pop()
+    first = tx.pop()
+    if isinstance(first, NullValue):
+        return second, []
+    if isinstance(second, NullValue):
+        return first, []
+    return first, [second]
+
+
+def _call(tx, nargs: int, names: tuple[str, ...]) -> None:
+    args = tx.popn(nargs)
+    fn, leading = _pop_callable(tx)
+    args = leading + args
     kwargs = {}
     if names:
         kwargs = dict(zip(names, args[-len(names) :]))
@@ -54,35 +61,62 @@ def call(tx, inst):
     tx.push(call_value(tx, fn, args, kwargs))
 
 
+@handler(Op.CALL)
+def call(tx, inst):
+    names = tx.kw_names
+    tx.kw_names = ()
+    _call(tx, inst.arg, names)
+
+
+@handler(Op.CALL_KW)
+def call_kw(tx, inst):
+    _call(tx, inst.arg, tx.pop().as_constant())
+
+
 @handler(Op.CALL_FUNCTION_EX)
 def call_function_ex(tx, inst):
     kwargs_value = tx.pop() if inst.arg & 1 else DictValue({})
     args_value = tx.pop()
-    fn = tx.pop()
-    slot = tx.pop()
-    if not isinstance(slot, NullValue):
-        tx.push(slot)
+    fn, leading = _pop_callable(tx)
     if not isinstance(kwargs_value, DictValue):
         raise Unsupported(BreakReason.UNSUPPORTED_OBJECT, f"** of {kwargs_value.describe()}")
     kwargs = {str(k): v for k, v in kwargs_value.items.items()}
-    tx.push(call_value(tx, fn, args_value.iterate(tx), kwargs))
+    tx.push(call_value(tx, fn, leading + args_value.iterate(tx), kwargs))
+
+
+_CLOSURE, _ANNOTATIONS, _KWDEFAULTS, _DEFAULTS = 0x08, 0x04, 0x02, 0x01
+
+
+def _set_part(fn: NestedFunctionValue, flag: int, value: Value) -> None:
+    """Give a function made during capture one of its optional parts."""
+    if flag == _CLOSURE:
+        fn.closure = tuple(h.cell for h in value.items)
+        for cell in fn.closure:
+            if not hasattr(cell, "load") and not hasattr(cell, "cell"):
+                raise Unsupported(BreakReason.UNSUPPORTED_OBJECT, "closure of unknown cells")
+    elif flag == _KWDEFAULTS:
+        fn.kwdefaults = dict(value.items)
+    elif flag == _DEFAULTS:
+        fn.defaults = tuple(value.items)
 
 
 @handler(Op.MAKE_FUNCTION)
 def make_function(tx, inst):
+    """3.11/3.12: the parts its argument names are below the code, the closure on top;
+    3.13 sets each afterwards (SET_FUNCTION_ATTRIBUTE) and MAKE_FUNCTION takes none."""
     code = tx.pop().as_constant()
-    flags = inst.arg
-    closure = tuple(h.cell for h in tx.pop().items) if flags & 0x08 else ()
-    if flags & 0x04:
-        tx.pop()  # annotations
-    kwdefaults = dict(tx.pop().items) if flags & 0x02 else {}
-    defaults = tuple(tx.pop().items) if flags & 0x01 else ()
-    for cell in closure:
-        if not hasattr(cell, "load") and not hasattr(cell, "cell"):
-            raise Unsupported(BreakReason.UNSUPPORTED_OBJECT, "closure of unknown cells")
-    tx.push(
-        NestedFunctionValue(code, tx.f_globals, defaults, kwdefaults, closure, code.co_qualname)
-    )
+    fn = NestedFunctionValue(code, tx.f_globals, (), {}, (), code.co_qualname)
+    for flag in (_CLOSURE, _ANNOTATIONS, _KWDEFAULTS, _DEFAULTS):
+        if (inst.arg or 0) & flag:
+            _set_part(fn, flag, tx.pop())
+    tx.push(fn)
+
+
+@handler(Op.SET_FUNCTION_ATTRIBUTE)
+def set_function_attribute(tx, inst):
+    fn = tx.pop()
+    _set_part(fn, inst.arg, tx.pop())
+    tx.push(fn)
 
 
 @handler(Op.CALL_INTRINSIC_1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ember.bytecode import Op
 from ember.capture.handlers import handler
-from ember.capture.values.base import ConstantValue
+from ember.capture.values.base import ConstantValue, Value
 from ember.capture.values.containers import DictValue, ListValue, SliceValue, TupleValue
 from ember.capture.values.sets import SetValue
 from ember.errors import BreakReason, Unsupported
@@ -167,21 +167,50 @@ def store_slice(tx, inst):
     container.setitem(tx, SliceValue([start, end]), value)
 
 
-_CONVERSIONS = {0: lambda v: v, 1: str, 2: repr, 3: ascii}
-
-
-@handler(Op.FORMAT_VALUE)
-def format_value(tx, inst):
-    spec = tx.pop().as_constant() if inst.arg & 0x04 else ""
-    value = tx.pop()
+def _known(value: Value, doing: str) -> object:
+    """The Python value of a constant that is converted or formatted into a string."""
     if not value.is_constant():
         raise Unsupported(
             BreakReason.TENSOR_TO_PYTHON
             if value.python_type().__module__.startswith("torch")
             else BreakReason.UNSUPPORTED_OBJECT,
-            f"formatting {value.describe()} into a string",
+            f"{doing} {value.describe()} into a string",
         )
-    tx.push(ConstantValue(format(_CONVERSIONS[inst.arg & 0x03](value.as_constant()), spec)))
+    return value.as_constant()
+
+
+def _convert(value: Value, converter) -> Value:
+    """`!s`, `!r`, `!a` of an f-string (converter None: none)."""
+    if converter is None:
+        return value
+    return ConstantValue(converter(_known(value, "converting")))
+
+
+def _format(value: Value, spec: str) -> Value:
+    return ConstantValue(format(_known(value, "formatting"), spec))
+
+
+@handler(Op.FORMAT_VALUE)
+def format_value(tx, inst):
+    converter, has_spec = inst.argval
+    spec = tx.pop().as_constant() if has_spec else ""
+    tx.push(_format(_convert(tx.pop(), converter), spec))
+
+
+@handler(Op.CONVERT_VALUE)
+def convert_value(tx, inst):
+    tx.push(_convert(tx.pop(), inst.argval))
+
+
+@handler(Op.FORMAT_SIMPLE)
+def format_simple(tx, inst):
+    tx.push(_format(tx.pop(), ""))
+
+
+@handler(Op.FORMAT_WITH_SPEC)
+def format_with_spec(tx, inst):
+    spec = tx.pop().as_constant()
+    tx.push(_format(tx.pop(), spec))
 
 
 @handler(Op.GET_LEN)

@@ -6,7 +6,7 @@ import types
 
 import torch
 
-from ember.bytecode import Op
+from ember.bytecode import Op, stack_effect
 from ember.capture.handlers import handler
 from ember.capture.values.base import ConstantValue, Value
 from ember.capture.values.containers import IteratorValue, iterator_over
@@ -81,7 +81,8 @@ def for_iter(tx, inst):
 
 @handler(Op.END_FOR)
 def end_for(tx, inst):
-    tx.popn(2)
+    # never reached while tracing (an exhausted FOR_ITER continues past it): kept exact anyway
+    tx.popn(-stack_effect(inst))
 
 
 @handler(Op.RETURN_VALUE)

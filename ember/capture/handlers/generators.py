@@ -5,7 +5,6 @@ frame carries a `yielded` list and stops after each yield)."""
 from __future__ import annotations
 
 from ember.bytecode import Op
-from ember.bytecode.ops import PY312
 from ember.capture.handlers import handler
 from ember.capture.values.base import ConstantValue
 from ember.capture.values.containers import IteratorValue
@@ -53,8 +52,7 @@ def send(tx, inst):
     if item is not None:
         tx.push(item)  # YIELD_VALUE yields it, then the loop jumps back here
         return
-    if not PY312:
-        tx.pop()  # 3.11 drops the iterator here; 3.12 leaves it for END_SEND
+    tx.pop()  # the target is past 3.12+'s END_SEND, so SEND drops the iterator as on 3.11
     tx.push(iterator.returned or ConstantValue(None))
     tx.ip = inst.target
 

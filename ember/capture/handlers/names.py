@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ember.bytecode import Op
+from ember.bytecode import Op, with_null
 from ember.capture.handlers import handler
 from ember.capture.values.base import NULL, Value
 from ember.capture.values.functions import RealCell
@@ -12,9 +12,11 @@ from ember.errors import BreakReason, Unsupported
 
 @handler(Op.LOAD_GLOBAL)
 def load_global(tx, inst):
+    value = tx.load_global(inst.argval)
     if inst.push_null:
-        tx.push(NULL)
-    tx.push(tx.load_global(inst.argval))
+        tx.stack.extend(with_null(value, NULL))
+    else:
+        tx.push(value)
 
 
 @handler(Op.STORE_GLOBAL)
@@ -29,9 +31,8 @@ def load_attr(tx, inst):
 
 @handler(Op.LOAD_METHOD)
 def load_method(tx, inst):
-    obj = tx.pop()
-    tx.push(NULL)
-    tx.push(obj.getattr(tx, inst.argval))
+    # pushed as a bound method with a NULL, which CPython also accepts from LOAD_METHOD
+    tx.stack.extend(with_null(tx.pop().getattr(tx, inst.argval), NULL))
 
 
 @handler(Op.LOAD_SUPER_ATTR)
@@ -41,8 +42,9 @@ def load_super_attr(tx, inst):
     tx.pop()  # the global `super`
     attr = SuperValue(cls.as_constant(), self_value).getattr(tx, inst.argval)
     if inst.push_null:
-        tx.push(NULL)
-    tx.push(attr)
+        tx.stack.extend(with_null(attr, NULL))
+    else:
+        tx.push(attr)
 
 
 @handler(Op.STORE_ATTR)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import operator
 
-from ember.bytecode import Op
-from ember.bytecode.ops import BINARY_OPS, COMPARE_OPS
+from ember.bytecode import BINARY_OPS, COMPARE_OPS, Op
 from ember.capture.handlers import handler
 from ember.capture.operators import apply
 from ember.capture.values.base import ConstantValue
@@ -20,9 +19,19 @@ def binary_op(tx, inst):
 
 @handler(Op.COMPARE_OP)
 def compare_op(tx, inst):
+    # 3.13's bool form (`inst.to_bool`) feeds a conditional jump, which takes the truth of
+    # the result itself (see to_bool below)
     b = tx.pop()
     a = tx.pop()
     tx.push(apply(tx, COMPARE_OPS[inst.argval], [a, b]))
+
+
+@handler(Op.TO_BOOL)
+def to_bool(tx, inst):
+    """3.13 converts a value to bool before POP_JUMP_IF_TRUE/FALSE and UNARY_NOT. The value
+    stays as it is: those readers take its truth themselves, once, as on 3.11/3.12, so a
+    tensor condition breaks at the jump (break code and `CodeBuilder.pop_jump_if` put the
+    TO_BOOL back in front of it)."""
 
 
 @handler(Op.IS_OP)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from ember.bytecode import Op
 from ember.capture.handlers import handler
-from ember.capture.values.base import NULL, NullValue
+from ember.capture.handlers.names import CellHandle
+from ember.capture.values.base import NULL, NullValue, Value
 
 
 @handler(Op.NOP)
@@ -12,9 +13,26 @@ def nop(tx, inst):
     pass
 
 
+def _fast(tx, name: str) -> Value:
+    """What a fast-local slot holds: a plain value, or a cell (3.13 reads a cell so for a
+    closure, where 3.11/3.12 have LOAD_CLOSURE). A comprehension inlined into a function
+    keeps its own variable in the slot of an outer cell of the same name, as a plain value."""
+    if name in tx.locals:
+        return tx.locals[name]
+    if name in tx.cells:
+        return CellHandle(tx.cells[name])
+    return tx.load_local(name)
+
+
 @handler(Op.LOAD_FAST)
 def load_fast(tx, inst):
-    tx.push(tx.load_local(inst.argval))
+    tx.push(_fast(tx, inst.argval))
+
+
+@handler(Op.LOAD_FAST_LOAD_FAST)
+def load_fast_load_fast(tx, inst):
+    for name in inst.argval:
+        tx.push(_fast(tx, name))
 
 
 @handler(Op.LOAD_FAST_AND_CLEAR)
@@ -26,14 +44,31 @@ def load_fast_and_clear(tx, inst):
     tx.push(tx.locals.pop(name, NULL))
 
 
-@handler(Op.STORE_FAST)
-def store_fast(tx, inst):
+def _store(tx, name: str) -> None:
     value = tx.pop()
     if isinstance(value, NullValue):
-        tx.locals.pop(inst.argval, None)
+        tx.locals.pop(name, None)
     else:
-        tx.locals[inst.argval] = value
-    tx._lazy_args.pop(inst.argval, None)
+        tx.locals[name] = value
+    tx._lazy_args.pop(name, None)
+
+
+@handler(Op.STORE_FAST)
+def store_fast(tx, inst):
+    _store(tx, inst.argval)
+
+
+@handler(Op.STORE_FAST_STORE_FAST)
+def store_fast_store_fast(tx, inst):
+    for name in inst.argval:  # the top of the stack goes to the first name
+        _store(tx, name)
+
+
+@handler(Op.STORE_FAST_LOAD_FAST)
+def store_fast_load_fast(tx, inst):
+    stored, loaded = inst.argval
+    _store(tx, stored)
+    tx.push(_fast(tx, loaded))
 
 
 @handler(Op.DELETE_FAST)

@@ -20,6 +20,18 @@ if TYPE_CHECKING:
     from ember.capture.translator import Translator
 
 
+def from_class_statement(cls: type) -> bool:
+    """Whether a class statement (or `type(...)`) made `cls`, rather than C. A C type can be
+    a heap type too when its module makes it at import (functools.partial, re.Pattern; on
+    3.13 also deque, defaultdict, itertools' types, Decimal), but those are immutable, and a
+    class made in Python never is."""
+    flags = cls.__flags__
+    return bool(flags & _HEAPTYPE) and not flags & _IMMUTABLETYPE
+
+
+_HEAPTYPE, _IMMUTABLETYPE = 1 << 9, 1 << 8  # Py_TPFLAGS_HEAPTYPE, Py_TPFLAGS_IMMUTABLETYPE
+
+
 class NotConstant(Unsupported):
     """Raised by `as_constant` when a value is not known while tracing: an Unsupported, so
     a construct that needs a Python value (range(n), a dict key) ends the capture cleanly."""

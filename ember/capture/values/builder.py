@@ -352,8 +352,8 @@ class WeakRefCallSource(Source):
         return f"{self.base.expr(scope)}()"
 
     def emit(self, cg: Any) -> None:
-        cg.push_null()
-        self.base.emit(cg)
+        with cg.callee():
+            self.base.emit(cg)
         cg.call(0)
 
 
@@ -382,8 +382,7 @@ class WeakRefValue(Value):
     def reconstruct(self, em: Any) -> None:
         if self.source is not None:
             return super().reconstruct(em)
-        em.cg.push_null()
-        em.cg.load_const(weakref.ref)
+        em.cg.load_const(weakref.ref, push_null=True)
         em.reconstruct(self.referent)
         em.cg.call(1)
 

@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ember.capture.values import compiler
-from ember.capture.values.base import ConstantValue, MissingAttribute, Value, all_constant
+from ember.capture.values.base import (
+    ConstantValue,
+    MissingAttribute,
+    Value,
+    all_constant,
+    from_class_statement,
+)
 from ember.capture.values.containers import (
     DictValue,
     IteratorValue,
@@ -609,7 +615,7 @@ def _object_new(tx, args, kwargs):
     ):
         raise Unsupported(BreakReason.UNSUPPORTED_CALL, "object.__new__ with these arguments")
     if cls.__mro__[1:] and any(
-        k.__flags__ & (1 << 9) == 0 and k is not object for k in cls.__mro__
+        not from_class_statement(k) and k is not object for k in cls.__mro__
     ):  # a builtin base (dict, list, ...) is not modelled here
         raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"object.__new__({cls.__qualname__})")
     return UserObjectValue(cls)

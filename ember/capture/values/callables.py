@@ -58,8 +58,7 @@ class GetterValue(Value):
         return obj
 
     def reconstruct(self, em: Emitter) -> None:
-        em.cg.push_null()
-        em.cg.load_const(self.kind)
+        em.cg.load_const(self.kind, push_null=True)
         for part in [*self.args, *self.kwargs.values()]:
             em.reconstruct(part)
         em.cg.call(len(self.args) + len(self.kwargs), tuple(self.kwargs))

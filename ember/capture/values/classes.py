@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ember.capture.sources import AttrSource, ConstSource, Source
-from ember.capture.values.base import ConstantValue, MissingAttribute, Value, all_constant
+from ember.capture.values.base import (
+    ConstantValue,
+    MissingAttribute,
+    Value,
+    all_constant,
+    from_class_statement,
+)
 from ember.capture.values.builtins import handles
 from ember.capture.values.containers import DictValue, ListValue, TupleValue, iterator_over
 from ember.capture.values.functions import BoundMethodValue, UserFunctionValue
@@ -28,8 +34,6 @@ from ember.errors import BreakReason, Unsupported
 if TYPE_CHECKING:
     from ember.capture.codegen import Emitter
     from ember.capture.translator import Translator
-
-_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: made by a class statement, not C
 
 
 class ClassValue(Value):
@@ -78,7 +82,7 @@ class ClassValue(Value):
     def setattr(self, tx: Translator, name: str, value: Value) -> None:
         """`Cls.attr = v` (a counter, a registry, a cached table): replayed after the graph.
         Only plain attributes: a descriptor on the metaclass would take the write over."""
-        if not self.cls.__flags__ & _HEAPTYPE or hasattr(type(self.cls), name):
+        if not from_class_statement(self.cls) or hasattr(type(self.cls), name):
             return super().setattr(tx, name, value)
         tx.ctx.effects.store_attr(self, name, value)
 
@@ -119,7 +123,7 @@ class ClassValue(Value):
             return _construct_dict_object(tx, cls, args, kwargs)
         if issubclass(cls, (tuple, list)):
             return _construct_sequence(tx, cls, args, kwargs)
-        if not cls.__flags__ & _HEAPTYPE:
+        if not from_class_statement(cls):
             raise Unsupported(
                 BreakReason.UNSUPPORTED_CALL,
                 f"constructing {cls.__module__}.{cls.__qualname__}, a class implemented in C",
@@ -140,7 +144,7 @@ class ClassValue(Value):
 def pending_class_attribute(tx: Translator, cls: type, name: str) -> Value | None:
     """A write the trace made to `name` on `cls` or a base, which instances see."""
     for klass in cls.__mro__:
-        if klass.__flags__ & _HEAPTYPE:
+        if from_class_statement(klass):
             pending = tx.ctx.effects.load_attr(tx.ctx.builder.class_value(klass), name)
             if pending is not None:
                 return pending

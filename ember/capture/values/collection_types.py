@@ -61,8 +61,7 @@ class DefaultDictValue(DictValue):
     def reconstruct(self, em: Emitter) -> None:
         if self.source is not None:
             return Value.reconstruct(self, em)
-        em.cg.push_null()
-        em.cg.load_const(collections.defaultdict)
+        em.cg.load_const(collections.defaultdict, push_null=True)
         em.reconstruct(self.factory)
         plain = DictValue(self.items)
         em.reconstruct(plain)
@@ -143,8 +142,7 @@ class DequeValue(ListValue):
     def reconstruct(self, em: Emitter) -> None:
         if self.source is not None:
             return Value.reconstruct(self, em)
-        em.cg.push_null()
-        em.cg.load_const(collections.deque)
+        em.cg.load_const(collections.deque, push_null=True)
         em.reconstruct(ListValue(self.items))
         em.cg.load_const(self.maxlen)
         em.cg.call(2)

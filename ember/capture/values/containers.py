@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ember.capture.values.base import ConstantValue, MissingAttribute, Value, all_constant
+from ember.capture.values.base import (
+    ConstantValue,
+    MissingAttribute,
+    Value,
+    all_constant,
+    from_class_statement,
+)
 from ember.errors import BreakReason, Unsupported
 
 if TYPE_CHECKING:
@@ -102,7 +108,7 @@ def _defined_in_python(cls: type, name: str) -> bool:
     """`name` comes from a class statement (a subclass of a builtin), not from C."""
     for klass in cls.__mro__:
         if name in klass.__dict__:
-            return bool(klass.__flags__ & (1 << 9))  # Py_TPFLAGS_HEAPTYPE
+            return from_class_statement(klass)
     return False
 
 
@@ -150,15 +156,13 @@ class TupleValue(SequenceValue):
         if self.source is not None:
             return super().reconstruct(em)
         if self.struct_type is not None and hasattr(self.struct_type, "_make"):
-            em.cg.push_null()
-            em.cg.load_const(self.struct_type)
+            em.cg.load_const(self.struct_type, push_null=True)
             for item in self.items:
                 em.reconstruct(item)
             em.cg.call(len(self.items))
             return
         if self.struct_type is not None:  # torch.return_types: built from one tuple
-            em.cg.push_null()
-            em.cg.load_const(self.struct_type)
+            em.cg.load_const(self.struct_type, push_null=True)
         for item in self.items:
             em.reconstruct(item)
         em.cg.build("TUPLE", len(self.items))
@@ -247,8 +251,7 @@ class ListValue(SequenceValue):
         if self.source is not None:
             return super().reconstruct(em)
         if self.list_type is not list:
-            em.cg.push_null()
-            em.cg.load_const(self.list_type)
+            em.cg.load_const(self.list_type, push_null=True)
         for item in self.items:
             em.reconstruct(item)
         em.cg.build("LIST", len(self.items))
@@ -445,8 +448,7 @@ class DictValue(Value):
         if self.source is not None:
             return super().reconstruct(em)
         if self.dict_type is not dict:
-            em.cg.push_null()
-            em.cg.load_const(self.dict_type)
+            em.cg.load_const(self.dict_type, push_null=True)
         for k, v in self.items.items():
             em.reconstruct(key_value(k))
             em.reconstruct(v)

@@ -327,8 +327,7 @@ class PartialValue(Value):
     def reconstruct(self, em: Emitter) -> None:
         if self.source is not None:
             return super().reconstruct(em)
-        em.cg.push_null()
-        em.cg.load_const(functools.partial)
+        em.cg.load_const(functools.partial, push_null=True)
         for part in [self.fn, *self.args, *self.kwargs.values()]:
             em.reconstruct(part)
         em.cg.call(1 + len(self.args) + len(self.kwargs), tuple(self.kwargs))

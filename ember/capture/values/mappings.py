@@ -17,7 +17,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from ember.capture.sources import ItemSource, Source
-from ember.capture.values.base import ConstantValue, Value
+from ember.capture.values.base import ConstantValue, Value, from_class_statement
 from ember.capture.values.containers import DictValue, IteratorValue, key_value
 from ember.capture.values.functions import UserFunctionValue
 from ember.capture.values.objects import UserObjectValue, _class_attribute, python_override
@@ -39,16 +39,13 @@ _CALLBACK_WRITES = frozenset(["update", "setdefault", "pop", "popitem", "clear",
 only when the class does not override those."""
 
 
-_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class statement made it, not C
-
-
 def storage_type(cls: type) -> type | None:
     """The builtin dict type a class written in Python keeps its items in; None for
     anything else (a C subclass such as defaultdict, or no dict base at all)."""
     for klass in cls.__mro__:
         if klass in _STORAGE_TYPES:
             return klass
-        if not klass.__flags__ & _HEAPTYPE:
+        if not from_class_statement(klass):
             return None
     return None
 
@@ -183,8 +180,7 @@ class DictObjectValue(UserObjectValue):
     def reconstruct(self, em: Emitter) -> None:
         if not self.is_new:
             return Value.reconstruct(self, em)
-        em.cg.push_null()
-        em.cg.load_const(rebuild_dict_object)
+        em.cg.load_const(rebuild_dict_object, push_null=True)
         em.cg.load_const(self.cls)
         for key, value in self._items().items.items():
             em.reconstruct(key_value(key))
@@ -233,8 +229,7 @@ class StorageItemSource(Source):
         return scope.bind(self, f"{get}({self.base.expr(scope)}, {self.key!r})")
 
     def emit(self, cg: Any) -> None:
-        cg.push_null()
-        cg.load_const(self.storage.__getitem__)
+        cg.load_const(self.storage.__getitem__, push_null=True)
         self.base.emit(cg)
         cg.load_const(self.key)
         cg.call(2)

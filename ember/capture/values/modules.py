@@ -224,8 +224,7 @@ class BornModuleValue(ModuleValue):
                 f"{self.describe()}, changed by the trace, cannot be made again after the graph",
             )
         fn, args, kwargs = self.recipe
-        em.cg.push_null()
-        em.cg.load_const(fn)
+        em.cg.load_const(fn, push_null=True)
         for arg in [*args, *kwargs.values()]:
             em.reconstruct(arg)
         em.cg.call(len(args) + len(kwargs), tuple(kwargs))

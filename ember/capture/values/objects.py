@@ -408,8 +408,7 @@ class UserObjectValue(Value):
     def reconstruct(self, em: Emitter) -> None:
         if not self.is_new:
             return super().reconstruct(em)
-        em.cg.push_null()
-        em.cg.load_const(rebuild_object)
+        em.cg.load_const(rebuild_object, push_null=True)
         em.cg.load_const(self.cls)
         for name, value in self.attrs.items():
             em.cg.load_const(name)

@@ -179,8 +179,7 @@ class SetValue(Value):
             return super().reconstruct(em)
         cg = em.cg
         if self.frozen:
-            cg.push_null()
-            cg.load_const(frozenset)
+            cg.load_const(frozenset, push_null=True)
         if self.is_constant():
             cg.load_const(tuple(self.members))  # in the order the trace saw
             cg.build("SET", 0)
@@ -320,7 +319,6 @@ class DictViewValue(Value):
         return ConstantValue(left.real.isdisjoint(right.real))
 
     def reconstruct(self, em: Emitter) -> None:
-        em.cg.push_null()
         em.reconstruct(self.mapping)
-        em.cg.load_attr(self.kind)
+        em.cg.load_method(self.kind)
         em.cg.call(0)

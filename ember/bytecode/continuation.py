@@ -1,0 +1,71 @@
+"""Code that runs a prologue and then continues another code object at one instruction.
+
+A graph break's resume function is such code: its prologue (emitted with `CodeBuilder`'s
+methods) pushes the interrupted stack back and jumps into a copy of the user's code. The copy
+keeps the original's exception table, with the stack depths the original handlers had: the
+prologue rebuilds that stack, and the `bytecode` package, which would compute the depths from
+the new entry point in the middle of the code, is told not to.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+
+from bytecode import Instr, Label, TryBegin
+
+from ember.bytecode.analysis import exception_table
+from ember.bytecode.assemble import CodeBuilder
+
+
+class CannotContinue(Exception):
+    """The code's exception table does not survive the copy."""
+
+
+class Continuation(CodeBuilder):
+    """Builds `code` entered at its instruction number `ordinal` (EXTENDED_ARG not counted),
+    after whatever the caller emits. The parameters are `argnames`, all positional."""
+
+    def __init__(self, code: types.CodeType, ordinal: int, name: str, argnames: list[str]) -> None:
+        super().__init__(code)
+        self.copied_head = sum(isinstance(e, Instr) for e in self.bc)
+        """Instructions of the original before its body (MAKE_CELL, COPY_FREE_VARS, RESUME)."""
+        self._body = list(self.template_body)
+        _keep_handler_depths(code, self._body)
+        self._entry = Label()
+        seen = self.copied_head
+        for position, entry in enumerate(self._body):
+            if isinstance(entry, Instr):
+                if seen == ordinal:
+                    self._body.insert(position, self._entry)
+                    break
+                seen += 1
+        bc = self.bc
+        bc.name = bc.qualname = name
+        bc.flags = code.co_flags & ~(inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
+        bc.argcount = len(argnames)
+        bc.posonlyargcount = 0
+        bc.kwonlyargcount = 0
+        bc.argnames = list(argnames)
+
+    def prologue_length(self) -> int:
+        """Instructions before the copied body, the jump into it included."""
+        return sum(isinstance(e, Instr) for e in self.bc) + 1
+
+    def to_code(self) -> types.CodeType:
+        self.jump_forward(self._entry)
+        self.bc.extend(self._body)
+        return self.bc.to_code(compute_exception_stack_depths=False)
+
+
+def _keep_handler_depths(code: types.CodeType, entries: list) -> None:
+    """Give the copied try blocks the stack depths of the original exception table."""
+    table = exception_table(code)
+    blocks = [e for e in entries if isinstance(e, TryBegin)]
+    if len(blocks) != len(table):
+        raise CannotContinue(
+            "the exception table of this function cannot be copied into a resume function"
+        )
+    for block, entry in zip(blocks, table):
+        block.stack_depth = entry.depth
+        block.push_lasti = entry.lasti
