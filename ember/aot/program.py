@@ -24,6 +24,7 @@ import torch.fx as fx
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from ember.aot.functionalize import ViewStep
+from ember.aot.symbolic import is_symbolic, meta_like
 from ember.aot.trace import TraceError, Tracer, check_functional
 from ember.errors import BreakReason
 from ember.meta import needs_real_dynamo, no_dynamo_import
@@ -117,23 +118,27 @@ class Program:
     def device(self) -> torch.device:
         return self.extra.get("device", torch.device("cpu"))
 
-    def flat_inputs(self, args: Sequence[Any]) -> list[torch.Tensor]:
-        tensors = [a for a, k in zip(args, self.arg_kinds, strict=True) if k == "tensor"]
-        return tensors + [r.get() for r in self.state]
+    def flat_inputs(self, args: Sequence[Any]) -> list[Any]:
+        """The compiled graph's inputs: tensors and symbolic sizes in order, then state."""
+        flat = [a for a, k in zip(args, self.arg_kinds, strict=True) if k != "int"]
+        return flat + [r.get() for r in self.state]
 
 
 def split_args(args: Sequence[Any]) -> tuple[list[str], tuple[Any, ...]]:
-    """Which gm inputs are tensors, and the values of the others (specialized)."""
+    """Which gm inputs are tensors, symbolic ints (a size the graph takes as an input, passed
+    on to the compiled graph) or other values (specialized: part of the cache key)."""
     kinds: list[str] = []
     ints: list[Any] = []
     for a in args:
         if isinstance(a, torch.Tensor):
             kinds.append("tensor")
-        elif isinstance(a, torch.SymInt | torch.SymFloat | torch.SymBool):
+        elif isinstance(a, torch.SymInt):
+            kinds.append("sym")
+        elif isinstance(a, torch.SymFloat | torch.SymBool):
             raise TraceError(
                 BreakReason.UNSUPPORTED_OBJECT,
-                "symbolic sizes reached ember's aot tracer",
-                hint="compile with dynamic=False",
+                "a symbolic float or bool reached ember's aot tracer",
+                hint="compile with dynamic=False, or keep float inputs constant",
             )
         else:
             kinds.append("int")
@@ -141,12 +146,22 @@ def split_args(args: Sequence[Any]) -> tuple[list[str], tuple[Any, ...]]:
     return kinds, tuple(ints)
 
 
+def backend_examples(gm: fx.GraphModule, flat: list[Any]) -> list[Any]:
+    """What a backend gets as example inputs for a traced graph of the flat inputs: the real
+    inputs, symbolic sizes as their SymInts (the placeholders hold the symbolic layouts)."""
+    vals = [n.meta["val"] for n in gm.graph.find_nodes(op="placeholder")]
+    return [v if isinstance(v, torch.SymInt) else f for v, f in zip(vals, flat, strict=True)]
+
+
 def check_input_aliasing(flat: Sequence[torch.Tensor], mutated: Sequence[int]) -> None:
     """A mutated input sharing memory with another input would need the two functionalized
     together; refuse that clearly (aliasing among inputs that are only read is harmless)."""
     if not mutated:
         return
-    ptrs = [t.untyped_storage().data_ptr() if t.numel() else -1 - i for i, t in enumerate(flat)]
+    ptrs = [
+        t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) and t.numel() else -1 - i
+        for i, t in enumerate(flat)
+    ]
     for i in mutated:
         for j, p in enumerate(ptrs):
             if j != i and p == ptrs[i]:
@@ -164,11 +179,14 @@ def devices_of(args: Sequence[Any], state: Sequence[Any]) -> set[torch.device]:
     return {t.device for t in real if t.device.type != "cpu" or t.dim() > 0}
 
 
-def begin(gm: torch.nn.Module, args: Sequence[Any]) -> tuple[Tracer, Program, list, list]:
-    """Set up a tracer with one placeholder per flat input; returns fakes for gm's args."""
-    kinds, ints = split_args(args)
+def begin(
+    gm: torch.nn.Module, args: Sequence[Any], symbolic: Sequence[Any] | None = None
+) -> tuple[Tracer, Program, list, list]:
+    """Set up a tracer with one placeholder per flat input; returns fakes for gm's args.
+    `symbolic` (per arg, see symbolic.symbolic_inputs) gives the symbolic stand-ins of a
+    dynamic graph's inputs: their fakes get symbolic sizes and SymInt inputs placeholders."""
+    kinds, ints = split_args(symbolic_args(args, symbolic))
     state = lift_state(gm)
-    real = [a for a in args if isinstance(a, torch.Tensor)] + [r.get() for r in state]
     devices = devices_of(args, state)
     if len(devices) > 1:
         raise TraceError(
@@ -177,11 +195,18 @@ def begin(gm: torch.nn.Module, args: Sequence[Any]) -> tuple[Tracer, Program, li
             hint="move the inputs to one device before the compiled region",
         )
     tracer = Tracer(devices.pop() if devices else None)
-    fakes = [tracer.to_fake(t) for t in real]
+    stand_ins = list(symbolic) if symbolic is not None else [None] * len(args)
+    fakes: list[Any] = []
+    for a, kind, s in zip(args, kinds, stand_ins, strict=True):
+        if kind == "sym":
+            fakes.append(s if s is not None else a)
+        elif kind == "tensor":
+            fakes.append(meta_like(s, a.requires_grad) if s is not None else tracer.to_fake(a))
+    fakes += [tracer.to_fake(r.get()) for r in state]
     for i, f in enumerate(fakes):
         tracer.placeholder(f"primals_{i + 1}", f)
     it = iter(fakes)
-    call_args = [next(it) if k == "tensor" else a for a, k in zip(args, kinds, strict=True)]
+    call_args = [next(it) if k != "int" else a for a, k in zip(args, kinds, strict=True)]
     program = Program(
         gm=None,  # type: ignore[arg-type]
         arg_kinds=kinds,
@@ -196,12 +221,25 @@ def begin(gm: torch.nn.Module, args: Sequence[Any]) -> tuple[Tracer, Program, li
     return tracer, program, fakes, call_args
 
 
+def symbolic_args(args: Sequence[Any], symbolic: Sequence[Any] | None) -> list[Any]:
+    """The args with symbolic int inputs as their SymInts (the runtime passes plain ints)."""
+    if symbolic is None:
+        return list(args)
+    return [s if isinstance(s, torch.SymInt) else a for a, s in zip(args, symbolic, strict=True)]
+
+
 def _output_spec(
     tracer: Tracer, leaf: Any, fakes: list, graph_outs: list[torch.Tensor]
 ) -> OutputSpec:
     """How one returned value is rebuilt. Views are replayed on their base at run time (the
     caller's input, or an intermediate the graph returns), so they alias and stride as in
     eager; one tensor returned twice is one graph output."""
+    if is_symbolic(leaf):
+        raise TraceError(
+            BreakReason.UNSUPPORTED_OBJECT,
+            "the compiled graph returns a symbolic size",
+            hint="return tensors (or compile with dynamic=False)",
+        )
     if not isinstance(leaf, torch.Tensor) or not tracer.aliases.known(leaf):
         return OutputSpec(OutKind.CONSTANT, value=leaf)  # incl. real tensors returned as-is
     root = tracer.aliases.root_of(leaf)
@@ -239,9 +277,11 @@ def run_forward(
     return graph_outs
 
 
-def trace_inference(gm: torch.nn.Module, args: Sequence[Any]) -> Program:
+def trace_inference(
+    gm: torch.nn.Module, args: Sequence[Any], symbolic: Sequence[Any] | None = None
+) -> Program:
     """Trace gm(*args) with grad off into one functional graph (outputs + mutated inputs)."""
-    return retry_with_dynamo(_trace_inference, gm, args)
+    return retry_with_dynamo(_trace_inference, gm, args, symbolic)
 
 
 def retry_with_dynamo(trace: Callable[..., T], *args: Any) -> T:
@@ -257,8 +297,10 @@ def retry_with_dynamo(trace: Callable[..., T], *args: Any) -> T:
     return trace(*args)
 
 
-def _trace_inference(gm: torch.nn.Module, args: Sequence[Any]) -> Program:
-    tracer, program, fakes, call_args = begin(gm, args)
+def _trace_inference(
+    gm: torch.nn.Module, args: Sequence[Any], symbolic: Sequence[Any] | None
+) -> Program:
+    tracer, program, fakes, call_args = begin(gm, args, symbolic)
     with torch.no_grad():
         graph_outs = run_forward(tracer, program, gm, fakes, call_args)
     finals = [fakes[i] for i in program.mutated]
