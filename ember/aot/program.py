@@ -24,7 +24,7 @@ import torch.fx as fx
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from ember.aot.functionalize import ViewStep
-from ember.aot.symbolic import is_symbolic, meta_like
+from ember.aot.symbolic import SizeBinder, is_symbolic, meta_like, symbolic_tensor
 from ember.aot.trace import TraceError, Tracer, check_functional
 from ember.errors import BreakReason
 from ember.meta import needs_real_dynamo, no_dynamo_import
@@ -218,6 +218,8 @@ def begin(
         num_graph_outputs=0,
     )
     program.extra["device"] = tracer.device
+    if any(is_symbolic(f) or symbolic_tensor(f) for f in fakes):
+        program.extra["sizes"] = SizeBinder(fakes)
     return tracer, program, fakes, call_args
 
 
@@ -265,6 +267,9 @@ def run_forward(
     leaves, program.out_tree = tree_flatten(result)
     graph_outs: list[torch.Tensor] = []
     program.specs = [_output_spec(tracer, leaf, fakes, graph_outs) for leaf in leaves]
+    program.extra["symbolic_views"] = any(
+        is_symbolic(a) for spec in program.specs for step in spec.chain for a in _flat_args(step)
+    )
     program.num_graph_outputs = len(graph_outs)
     mutated_roots = set(tracer.aliases.mutated_roots())
     if mutated_roots & {id(c) for c in tracer._const_ids.values()}:
@@ -275,6 +280,13 @@ def run_forward(
         )
     program.mutated = [i for i, f in enumerate(fakes) if id(f) in mutated_roots]
     return graph_outs
+
+
+def _flat_args(step: ViewStep) -> list[Any]:
+    out: list[Any] = []
+    for a in step.args:
+        out.extend(a if isinstance(a, list | tuple) else [a])
+    return out
 
 
 def trace_inference(
@@ -312,6 +324,8 @@ def _trace_inference(
 def build_outputs(program: Program, flat: Sequence[torch.Tensor], outs: Sequence[Any]) -> Any:
     """What the gm returns: graph values, views replayed on the real inputs, constants."""
     leaves: list[Any] = []
+    binder = program.extra.get("sizes")
+    env = binder.bind(flat) if binder is not None and program.extra.get("symbolic_views") else {}
     for spec in program.specs:
         if spec.kind is OutKind.GRAPH:
             leaves.append(outs[spec.index])
@@ -320,7 +334,8 @@ def build_outputs(program: Program, flat: Sequence[torch.Tensor], outs: Sequence
         else:
             t = flat[spec.index] if spec.kind is OutKind.INPUT_VIEW else outs[spec.index]
             for step in spec.chain:
-                t = step.func(t, *step.args, **step.kwargs)
+                args = binder.resolve(step.args, env) if env else step.args
+                t = step.func(t, *args, **step.kwargs)
                 if step.index is not None:
                     t = t[step.index]
             leaves.append(t)

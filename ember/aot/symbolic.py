@@ -123,3 +123,50 @@ def traced_strides(val: torch.Tensor) -> Any:
         return tuple(int(e.xreplace(sub)) for e in exprs)
 
     return at
+
+
+_PY = {
+    "FloorDiv": lambda a, b: a // b,
+    "CleanDiv": lambda a, b: a // b,
+    "CeilDiv": lambda a, b: -(-a // b),
+    "PythonMod": lambda a, b: a % b,
+    "Mod": lambda a, b: a % b,
+    "ModularIndexing": lambda a, b, c: (a // b) % c,
+    "Max": max,
+    "Min": min,
+}
+
+
+class SizeBinder:
+    """Reads a call's size symbols from its flat inputs (an int input that is the symbol, or
+    a size of a tensor input) and evaluates size expressions with them: what replaying a
+    view whose arguments were symbolic needs at run time."""
+
+    def __init__(self, vals: Sequence[Any]) -> None:
+        self.sources: dict[str, tuple[int, int | None]] = {}
+        for i, v in enumerate(vals):
+            if is_symbolic(v) and isinstance(v.node.expr, sympy.Symbol):
+                self.sources.setdefault(v.node.expr.name, (i, None))
+            elif isinstance(v, torch.Tensor):
+                for d, s in enumerate(v.shape):
+                    if is_symbolic(s) and isinstance(s.node.expr, sympy.Symbol):
+                        self.sources.setdefault(s.node.expr.name, (i, d))
+        self._code: dict[str, Any] = {}
+
+    def bind(self, flat: Sequence[Any]) -> dict[str, int]:
+        return {
+            name: int(flat[i] if d is None else flat[i].shape[d])
+            for name, (i, d) in self.sources.items()
+        }
+
+    def resolve(self, tree: Any, env: dict[str, int]) -> Any:
+        """`tree` (view arguments) with every SymInt replaced by its value under `env`."""
+        if isinstance(tree, tuple | list):
+            return type(tree)(self.resolve(a, env) for a in tree)
+        if not is_symbolic(tree):
+            return tree
+        text = str(tree.node.expr)
+        code = self._code.get(text)
+        if code is None:
+            code = self._code[text] = compile(text, "<ember size>", "eval")
+        return eval(code, _PY, env)  # noqa: S307 (an expression ember printed itself)

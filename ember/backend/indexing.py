@@ -81,6 +81,8 @@ def to_c(expr: sympy.Expr) -> str:
         return f"({to_c(expr.args[0])} / {to_c(expr.args[1])})"
     if isinstance(expr, ModIdx):
         return f"({to_c(expr.args[0])} % {to_c(expr.args[1])})"
+    if expr.is_Pow and expr.exp.is_Integer and expr.exp > 0:  # a size squared (s0**2)
+        return "(" + "*".join([to_c(expr.base)] * int(expr.exp)) + ")"
     if isinstance(expr, sympy.Max | sympy.Min):
         fn = "ember_imax" if isinstance(expr, sympy.Max) else "ember_imin"
         out = to_c(expr.args[0])
@@ -152,14 +154,14 @@ def _coarse(a: sympy.Expr, d: int, ranges) -> tuple[int, sympy.Expr, sympy.Expr]
         if c <= 0 or d % c:
             continue
         big, small = _split_multiples(a, c)
-        if _max(small, ranges) < c:
+        if _below(_max(small, ranges), c):
             return c, big, small
     return 1, a, sympy.Integer(0)
 
 
 def _floordiv(a: sympy.Expr, d: int, ranges) -> sympy.Expr:
     keep, rest = _split_multiples(a, d)
-    if rest == 0 or _max(rest, ranges) < d:
+    if rest == 0 or _below(_max(rest, ranges), d):
         return keep
     c, big, _ = _coarse(rest, d, ranges)
     if c > 1:
@@ -169,7 +171,7 @@ def _floordiv(a: sympy.Expr, d: int, ranges) -> sympy.Expr:
 
 def _mod(a: sympy.Expr, d: int, ranges) -> sympy.Expr:
     _, rest = _split_multiples(a, d)
-    if _max(rest, ranges) < d:
+    if _below(_max(rest, ranges), d):
         return rest
     c, big, small = _coarse(rest, d, ranges)
     if c > 1:

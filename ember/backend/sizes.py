@@ -145,6 +145,8 @@ def py(e: Size) -> str:
         return "(" + " + ".join(py(a) for a in e.args) + ")"
     if e.is_Mul:
         return "(" + "*".join(py(a) for a in e.args) + ")"
+    if e.is_Pow and e.exp.is_Integer and e.exp > 0:
+        return f"({py(e.base)}**{int(e.exp)})"
     if isinstance(e, FloorDiv):
         return f"({py(e.args[0])} // {py(e.args[1])})"
     if isinstance(e, ModIdx):

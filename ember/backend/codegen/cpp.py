@@ -558,7 +558,10 @@ MIN_SPLIT = 16  # smallest inner block worth a loop of its own (one AVX-512 vect
 def _blocked(nodes: list, var, lo: int, hi: int, outer: tuple[int, ...]) -> _Part:
     """The part [lo, hi) in blocks of d when that turns every div/mod of `var` in the nodes'
     loads into plain block and lane indices; else unsplit (block 1)."""
-    divisors = {int(f.args[1]) for f in _divmods(nodes) if f.args[0].has(var)}
+    found = [f.args[1] for f in _divmods(nodes) if f.args[0].has(var)]
+    if not all(d.is_Integer for d in found):
+        return _Part(lo, hi, 1, nodes)  # a symbolic divisor: one plain loop
+    divisors = {int(d) for d in found}
     d = min(divisors, default=1)
     if d < MIN_SPLIT or (hi - lo) % d or any(x % d for x in divisors):
         return _Part(lo, hi, 1, nodes)
