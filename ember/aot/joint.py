@@ -122,7 +122,9 @@ def build_training(
 
         program = trace_inference(gm, args, symbolic)
         flat = program.flat_inputs(args)
-        return InferenceRuntime(program, compile_aten(program.gm, backend_examples(program.gm, flat)))
+        return InferenceRuntime(
+            program, compile_aten(program.gm, backend_examples(program.gm, flat))
+        )
     if logs.enabled("aot"):
         logs.log("aot", "joint graph:\n%s", joint.gm.print_readable(print_output=False))
     parts = partition(joint.gm, joint.num_primals, joint.num_fwd_outputs)

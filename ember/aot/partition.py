@@ -29,7 +29,6 @@ import torch.fx as fx
 
 from ember import logs
 from ember.aot.functionalize import is_view_op
-from ember.aot.symbolic import is_symbolic, numel_hint, symbolic_tensor
 from ember.aot.schedule import (
     MIN_SPLIT_GAIN,
     BackwardSplit,
@@ -37,6 +36,7 @@ from ember.aot.schedule import (
     reorder_for_memory,
     split_backward,
 )
+from ember.aot.symbolic import is_symbolic, numel_hint, symbolic_tensor
 
 aten = torch.ops.aten
 

@@ -277,7 +277,9 @@ class TrainingRuntime:
         self.first_inputs = sorted(set(self.first_grad_inputs))
         first_ph = list(split.first.graph.find_nodes(op="placeholder"))
         second_ph = list(split.second.graph.find_nodes(op="placeholder"))
-        self.first_strides = [traced_strides(n.meta["val"]) for n in first_ph[: len(self.first_saved)]]
+        self.first_strides = [
+            traced_strides(n.meta["val"]) for n in first_ph[: len(self.first_saved)]
+        ]
         self.second_strides = [traced_strides(n.meta["val"]) for n in second_ph]
         cross = second_ph[len(self.second_saved) :]
         self.cross_specs = [(n.meta["val"].shape, n.meta["val"].dtype) for n in cross]

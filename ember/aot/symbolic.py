@@ -92,7 +92,9 @@ def meta_like(fake: torch.Tensor, requires_grad: bool) -> torch.Tensor:
 
 def example_tensor(val: torch.Tensor, device: torch.device) -> torch.Tensor:
     """An uninitialized real tensor with the hinted layout of a traced (maybe symbolic) one."""
-    return torch.empty_strided(hints(val.shape), hints(val.stride()), dtype=val.dtype, device=device)
+    return torch.empty_strided(
+        hints(val.shape), hints(val.stride()), dtype=val.dtype, device=device
+    )
 
 
 def example_input(val: Any, device: torch.device) -> Any:

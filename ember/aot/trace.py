@@ -137,7 +137,10 @@ class Tracer:
         self._last_placeholder = node
         if isinstance(fake, torch.Tensor):
             self.aliases.add_root(fake, node)
-            for op, values in ((aten.sym_size.int, fake.shape), (aten.sym_stride.int, fake.stride())):
+            for op, values in (
+                (aten.sym_size.int, fake.shape),
+                (aten.sym_stride.int, fake.stride()),
+            ):
                 for d, v in enumerate(values):
                     if is_symbolic(v) and isinstance(v.node.expr, sympy.Symbol):
                         self._sym_sources.setdefault(v.node.expr, (op, node, d, v))

@@ -20,12 +20,12 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ember import config, logs
+from ember.backend import sizes
 from ember.backend.codegen import build, cache, wrapper
 from ember.backend.codegen.cache import Artifact
 from ember.backend.codegen.cpp import kernel_source
 from ember.backend.codegen.prelude import PRELUDE
 from ember.backend.ir import printer, verifier
-from ember.backend import sizes
 from ember.backend.lowering.graph import lower, symbolic_value
 from ember.backend.scheduler import memory
 from ember.backend.scheduler.dependencies import eliminate_dead
@@ -101,9 +101,7 @@ def generate(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Artifact:
     if _recorders or logs.enabled("schedule"):  # printing sympy indices is not free
         ir_text = printer.graph_str(g) + "\n\nschedule:\n" + schedule_str(s)
     # per kernel its argument kinds: p (a pointer) per buffer, s (an int64) per size symbol
-    kernels = {
-        name: "".join("p" if b in buffers else "s" for b in p) for name, p in params.items()
-    }
+    kernels = {name: "".join("p" if b in buffers else "s" for b in p) for name, p in params.items()}
     consts = dict(g.constants)
     return Artifact(build.SPLIT.join(sources), py, kernels, consts, cacheable, ir_text)
 

@@ -30,8 +30,8 @@ from ember.backend.indexing import FloorDiv, ModIdx
 
 Size = int | sympy.Expr
 
-_hints: contextvars.ContextVar[dict[sympy.Symbol, int]] = contextvars.ContextVar(
-    "ember_size_hints", default={}
+_hints: contextvars.ContextVar[dict[sympy.Symbol, int] | None] = contextvars.ContextVar(
+    "ember_size_hints", default=None
 )
 
 
@@ -56,7 +56,7 @@ def hint(v: Size) -> int:
     """The example value of a size (a number for decisions about speed only)."""
     if isinstance(v, int):
         return v
-    value = sympy.sympify(v.xreplace(_hints.get()))
+    value = sympy.sympify(v.xreplace(_hints.get() or {}))
     if not value.is_number:
         raise UnsupportedSize(f"no example value for size {v}")
     return int(value)

@@ -65,8 +65,11 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> str:
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
     traced = [symbolic_value(n) for n in placeholders] if placeholders else []
     inputs = [
-        f"S{tuple(v.shape)}{tuple(v.stride())}{v.dtype}" if isinstance(v, torch.Tensor) else
-        f"S{v}" if v is not None else _input_meta(t)
+        f"S{tuple(v.shape)}{tuple(v.stride())}{v.dtype}"
+        if isinstance(v, torch.Tensor)
+        else f"S{v}"
+        if v is not None
+        else _input_meta(t)
         for v, t in zip(traced or [None] * len(example_inputs), example_inputs)
     ]
     parts = [

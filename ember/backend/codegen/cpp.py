@@ -745,7 +745,10 @@ def _next_rows(k: Kernel, buffers: dict[str, ir.Buffer]) -> list[tuple[str, symp
     size = _prod(k.outer) * first.inner[0]
     # symbolic sizes: prefetch (a hint is one size of many; rows served dynamically are
     # typically large, and a prefetch of small rows costs a few instructions per row)
-    if isinstance(size, int) and sum(size * buffers[b].dtype.itemsize for b in rows) < PREFETCH_MIN_BYTES:
+    if (
+        isinstance(size, int)
+        and sum(size * buffers[b].dtype.itemsize for b in rows) < PREFETCH_MIN_BYTES
+    ):
         return []
     return sorted(rows.items())
 

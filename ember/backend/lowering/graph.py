@@ -12,9 +12,12 @@ from typing import Any
 
 import torch
 
-from ember.backend import decompose  # noqa: F401  (registers the decompositions)
+from ember.backend import (
+    decompose,  # noqa: F401  (registers the decompositions)
+    sizes,
+)
 from ember.backend.ir import nodes as ir
-from ember.backend.ir.nodes import DType
+from ember.backend.ir.nodes import DType, Size
 from ember.backend.lowering import (  # noqa: F401  (registers lowerings)
     fallback,
     pointwise,
@@ -22,15 +25,13 @@ from ember.backend.lowering import (  # noqa: F401  (registers lowerings)
     views,
 )
 from ember.backend.lowering.registry import LOWERINGS, LowerCtx, NotLowered
-from ember.backend import sizes
-from ember.backend.ir.nodes import Size
-from ember.backend.sizes import expr_of, exprs_of, hint, hint_prod, is_static, same, sources
 from ember.backend.lowering.values import (
     BufferValue,
     GraphBuilder,
     LazyValue,
     expr_size,
 )
+from ember.backend.sizes import expr_of, exprs_of, hint, hint_prod, is_static, same, sources
 
 MAX_INLINE = 48  # expression nodes above which a value with several users is materialized
 MAX_READS = 4  # distinct buffers read above which a value with several users is materialized

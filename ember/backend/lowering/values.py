@@ -16,9 +16,9 @@ from typing import Any
 import sympy
 
 from ember.backend import indexing
-from ember.backend.sizes import hint
 from ember.backend.ir import nodes as ir
 from ember.backend.ir.nodes import DType, Expr, Layout
+from ember.backend.sizes import hint
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -114,7 +114,12 @@ class GraphBuilder:
         index = indexing.strided(out_idx, layout.stride)
         name = self.new_name()
         static = all(isinstance(r, int) for r in rranges)
-        if static and not ranges and _numel(rranges) >= SPLIT_MIN and _numel(rranges) % SPLIT_PARTS == 0:
+        if (
+            static
+            and not ranges
+            and _numel(rranges) >= SPLIT_MIN
+            and _numel(rranges) % SPLIT_PARTS == 0
+        ):
             body, rranges = self._split(body, rranges, rtype, acc_dtype)
         self.nodes.append(ir.Reduction(name, ranges, rranges, rtype, body, index, dtype))
         self.buffers.append(ir.Buffer(name, layout, dtype))

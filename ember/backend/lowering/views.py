@@ -17,8 +17,8 @@ import torch
 from ember.backend import indexing
 from ember.backend.ir.nodes import Layout, Size
 from ember.backend.lowering.registry import LowerCtx, NotLowered, register
-from ember.backend.sizes import expr_of, exprs_of, same
 from ember.backend.lowering.values import BufferValue, LazyValue, Value
+from ember.backend.sizes import expr_of, exprs_of, same
 
 aten = torch.ops.aten
 

@@ -21,9 +21,9 @@ import dataclasses
 import sympy
 
 from ember.backend.ir import nodes as ir
-from ember.backend.sizes import hint
 from ember.backend.scheduler.dependencies import output_buffers
 from ember.backend.scheduler.fusion import Kernel, Schedule
+from ember.backend.sizes import hint
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
