@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from ember import logs
+from ember import config, logs
 from ember.aot.eager_runner import eager_compile_aten
 from ember.aot.program import (
     Program,
@@ -40,6 +40,7 @@ from ember.aot.program import (
 )
 from ember.aot.runtime import InferenceRuntime
 from ember.aot.symbolic import hint, symbolic_inputs
+from ember.aot.trace import TraceError
 
 CompileAten = Callable[[fx.GraphModule, list[torch.Tensor]], Callable[..., Sequence[Any]]]
 
@@ -83,6 +84,18 @@ class AotFunction:
         compiled = self.compile_aten(program.gm, backend_examples(program.gm, flat))
         return InferenceRuntime(program, compiled)
 
+    def _build_or_run(self, args: Sequence[Any], training: bool) -> Callable[[Sequence[Any]], Any]:
+        """A graph with symbolic sizes that ember cannot trace (a symbolic float, say) runs
+        as the captured torch-level graph, logged, rather than failing the user's program
+        at its second size (EMBER_STRICT=1 raises, as for any backend failure)."""
+        try:
+            return self._build(args, training)
+        except TraceError as e:
+            if self.symbolic is None or config.current().strict:
+                raise
+            logs.log("aot", "graph with symbolic sizes runs uncompiled: %s", e)
+            return _run_torch_level(self.gm)
+
     def key(self, args: Sequence[Any]) -> tuple[Any, ...]:
         """Which inputs need grad (under grad mode) and the values of non-tensor inputs
         (not of symbolic sizes: one trace serves them all)."""
@@ -117,7 +130,7 @@ class AotFunction:
                 logs.log("aot", "graph inputs on %s: running it uncompiled", where)
                 runtime = _run_torch_level(self.gm)
             else:
-                runtime = self._build(args, training)
+                runtime = self._build_or_run(args, training)
             self._cache[key] = runtime
             fast_ok = self._fast is None and not self.enables_grad
             if isinstance(runtime, InferenceRuntime) and runtime.simple and fast_ok:

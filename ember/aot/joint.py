@@ -26,6 +26,7 @@ from ember.aot.program import (
     backend_examples,
     begin,
     check_input_aliasing,
+    check_symbolic_floats,
     retry_with_dynamo,
     run_forward,
 )
@@ -64,6 +65,7 @@ def trace_joint(
 def _trace_joint(
     gm: torch.nn.Module, args: Sequence[Any], symbolic: Sequence[Any] | None
 ) -> JointGraph | None:
+    check_symbolic_floats(gm, symbolic)
     tracer, program, fakes, call_args = begin(gm, args, symbolic)
     with torch.enable_grad():
         graph_outs = run_forward(tracer, program, gm, fakes, call_args)

@@ -223,6 +223,23 @@ def begin(
     return tracer, program, fakes, call_args
 
 
+def check_symbolic_floats(gm: torch.nn.Module, symbolic: Sequence[Any] | None) -> None:
+    """Refuse, naming the node, a graph that computes a float from symbolic sizes (Dynamo's
+    `d ** -0.5` when the model width d is dynamic): ember traces integer sizes only."""
+    if symbolic is None or not isinstance(gm, fx.GraphModule):
+        return
+    for node in gm.graph.nodes:
+        value = node.meta.get("example_value", node.meta.get("val"))
+        if isinstance(value, torch.SymFloat) and not value.node.expr.is_number:
+            raise TraceError(
+                BreakReason.UNSUPPORTED_OBJECT,
+                f"the graph computes a symbolic float ({node.format_node()}), which ember's "
+                "aot stage does not trace",
+                hint="let only the sizes that vary be dynamic (dynamic=None, or "
+                "torch._dynamo.mark_dynamic on the batch/sequence dims)",
+            )
+
+
 def symbolic_args(args: Sequence[Any], symbolic: Sequence[Any] | None) -> list[Any]:
     """The args with symbolic int inputs as their SymInts (the runtime passes plain ints)."""
     if symbolic is None:
@@ -312,6 +329,7 @@ def retry_with_dynamo(trace: Callable[..., T], *args: Any) -> T:
 def _trace_inference(
     gm: torch.nn.Module, args: Sequence[Any], symbolic: Sequence[Any] | None
 ) -> Program:
+    check_symbolic_floats(gm, symbolic)
     tracer, program, fakes, call_args = begin(gm, args, symbolic)
     with torch.no_grad():
         graph_outs = run_forward(tracer, program, gm, fakes, call_args)

@@ -120,3 +120,22 @@ def test_aot_eager_backend_with_automatic_dynamic():
         x = torch.randn(n, 4)
         torch.testing.assert_close(compiled(x), fn(x))
     assert len(graphs) == 2  # static, then symbolic
+
+
+def _scaled(x):
+    return x * x.shape[1] ** -0.5  # a float of a symbolic size when dim 1 is dynamic
+
+
+def test_symbolic_float_runs_uncompiled_with_a_reason():
+    from ember import config
+
+    compiled, graphs = _dynamo(_scaled, eager_compile_aten)
+    with pytest.raises(Exception, match="symbolic float"):  # EMBER_STRICT=1 (the suite's)
+        compiled(torch.randn(3, 4))
+    torch._dynamo.reset()
+    with config.patch(strict=False):
+        compiled, graphs = _dynamo(_scaled, eager_compile_aten)
+        for n in (3, 5, 9):
+            x = torch.randn(n, n + 1)
+            torch.testing.assert_close(compiled(x), _scaled(x))
+    assert len(graphs) == 1

@@ -283,3 +283,41 @@ def test_gpt2_sequence_lengths_1_to_128():
     assert len(counter.graphs) <= 3  # length 1 is specialized, then static, then dynamic
     assert len(counter.graphs) <= _eager_graphs(run, inputs, dynamic=None)
     assert backend_compile.stats["graph_fallbacks"] == 0
+
+
+def _decode_step(cache, x):
+    """One decoding step: append the token's vector to the cache, attend over the cache."""
+    cache = torch.cat([cache, x], dim=1)
+    att = torch.softmax(x @ cache.transpose(1, 2) * 0.125, -1)
+    return cache, att @ cache
+
+
+def test_kv_cache_growing_one_token_per_step():
+    counter = Counting()
+    compiled = torch.compile(_decode_step, backend=counter)
+    cache = ref = torch.randn(2, 1, 16)
+    for _ in range(40):
+        x = torch.randn(2, 1, 16)
+        cache, out = compiled(cache, x)
+        ref, expected = _decode_step(ref, x)
+        torch.testing.assert_close(cache, ref)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    assert len(counter.graphs) <= 3  # cache length 1 (specialized), 2 (static), symbolic
+    assert len(counter.graphs) <= _eager_graphs(
+        _decode_step, [(torch.randn(2, t, 16), torch.randn(2, 1, 16)) for t in range(1, 41)], None
+    )
+    assert backend_compile.stats["graph_fallbacks"] == 0
+
+
+def test_schedule_log_shows_symbolic_sizes(caplog):
+    import logging
+
+    import ember
+
+    ember.set_logs("schedule", "kernels")
+    with caplog.at_level(logging.DEBUG, logger="ember"):
+        _run(lambda x: torch.softmax(x, -1), [(torch.randn(n, 33),) for n in (3, 5)])
+    text = caplog.text
+    assert "size s" in text  # where the wrapper reads each size symbol
+    assert "outer=[s" in text  # the kernel's loop bounds, symbolic
+    assert "const int64_t s" in text
