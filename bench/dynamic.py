@@ -148,6 +148,36 @@ def count_compiles(name: str, factory, sizes: list[int]) -> dict:
     }
 
 
+def count_training(sizes: list[int]) -> dict:
+    """The MLP in training (forward and backward) over a variable batch."""
+    torch._dynamo.reset()
+    backend_compile.stats.clear()
+    model = MLP()
+    counter = Counting(ember.backend)
+    compiled = torch.compile(model, backend=counter)
+    for n in sizes:
+        compiled(torch.randn(n, 1024)).sum().backward()
+    return {"graphs": counter.graphs, "generated": backend_compile.stats["generated"]}
+
+
+def count_decoding(steps: int) -> dict:
+    """A KV cache grown by one token per step (cat + attention over the cache)."""
+    torch._dynamo.reset()
+    backend_compile.stats.clear()
+
+    def step(cache, x):
+        cache = torch.cat([cache, x], dim=1)
+        return cache, torch.softmax(x @ cache.transpose(1, 2) * 0.0625, -1) @ cache
+
+    counter = Counting(ember.backend)
+    compiled = torch.compile(step, backend=counter)
+    cache = torch.randn(4, 1, 256)
+    with torch.no_grad():
+        for _ in range(steps):
+            cache, _ = compiled(cache, torch.randn(4, 1, 256))
+    return {"graphs": counter.graphs, "generated": backend_compile.stats["generated"]}
+
+
 def _marked(args: tuple, dims: list[tuple[int, ...]]) -> tuple:
     out = []
     for a, ds in zip(args, dims):
@@ -232,6 +262,11 @@ def main() -> None:
     for name, (factory, _, sizes) in chosen.items():
         c = count_compiles(name, factory, sizes)
         print(f"| {name} | {c['sizes']} | {c['graphs']} | {c['generated']} | {c['diff']:.1e} |")
+    if not opts.only:
+        t = count_training([2, 3, 17, 64, 100, 256])
+        print(f"| MLP training | 6 | {t['graphs']} | {t['generated']} | - |")
+        d = count_decoding(64)
+        print(f"| KV cache, 64 decoding steps | 64 | {d['graphs']} | {d['generated']} | - |")
     print(
         "\n| workload | size | ember static | ember dynamic | inductor dynamic | dyn/static "
         "speed | dyn vs inductor | backend compile static / dynamic s (ratio) | first call "
