@@ -309,13 +309,15 @@ def test_kv_cache_growing_one_token_per_step():
     assert backend_compile.stats["graph_fallbacks"] == 0
 
 
-def test_schedule_log_shows_symbolic_sizes(caplog):
+def test_schedule_log_shows_symbolic_sizes(caplog, tmp_path):
     import logging
 
     import ember
+    from ember import config
 
     ember.set_logs("schedule", "kernels")
-    with caplog.at_level(logging.DEBUG, logger="ember"):
+    # a private cache: the logs print what is generated, not what a cache hit loads
+    with config.patch(cache_dir=str(tmp_path)), caplog.at_level(logging.DEBUG, logger="ember"):
         _run(lambda x: torch.softmax(x, -1), [(torch.randn(n, 33),) for n in (3, 5)])
     text = caplog.text
     assert "size s" in text  # where the wrapper reads each size symbol
