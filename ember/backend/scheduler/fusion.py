@@ -96,7 +96,20 @@ def _rebase(node, outer: tuple[int, ...]):
         return indexing.simplify(index.xreplace(sub), env)
 
     body = ir.map_loads(node.body, lambda ld: ir.reindex(ld, fix), fix)
-    return dataclasses.replace(node, body=body, index=fix(node.index)), inner
+    index = fix(node.index)
+    if _divides_by_size(index, *(ld.index for ld in ir.loads(body))):
+        return None  # a division by a symbolic size per element costs more than a kernel
+    return dataclasses.replace(node, body=body, index=index), inner
+
+
+def _divides_by_size(*indices: sympy.Expr) -> bool:
+    """Whether an index divides by a symbolic size (a remapping that the index algebra
+    could not take apart, e.g. (8, 4, 64, s) read in the order of (8, 4, s, 64))."""
+    return any(
+        not f.args[1].is_Integer
+        for index in indices
+        for f in index.atoms(indexing.FloorDiv, indexing.ModIdx)
+    )
 
 
 def _signature(node: ir.Pointwise | ir.Reduction) -> tuple[tuple[int, ...], tuple[int, ...]]:
