@@ -43,7 +43,7 @@ class ModIdx(sympy.Function):
 
 def strided(idx: Sequence[sympy.Expr], stride: Sequence[int], offset: int = 0) -> sympy.Expr:
     """The flat element offset of `idx` in a strided layout."""
-    terms = [sympy.Integer(offset)] if offset else []
+    terms = [sympy.sympify(offset)] if offset else []  # an int, or a symbolic offset
     terms += [i * st for i, st in zip(idx, stride) if st != 0]
     return sympy.Add(*terms) if terms else sympy.Integer(0)
 

@@ -22,6 +22,7 @@ from torch import nn
 import ember.backend
 from ember.backend import compile as backend_compile
 from ember.backend.codegen import build
+from tests.backend.test_models import Block  # nn.MultiheadAttention + MLP, pre-norm
 
 ODD = [7, 15, 17, 33, 1023]
 
@@ -181,18 +182,18 @@ def test_mlp_variable_batch_large_gemm_choice():
         _run(model, [(torch.randn(n, 256),) for n in (300, 257, 511)], atol=1e-4, rtol=1e-4)
 
 
-def test_mlp_variable_batch_training_gradients():
+def _train(make_model, shapes, dynamic) -> Counting:
+    """Forward and backward of a compiled model against eager at each input shape: outputs,
+    input gradients, parameter gradients."""
     torch.manual_seed(0)
-    model = MLP()
-    reference = MLP()
+    model, reference = make_model(), make_model()
     reference.load_state_dict(model.state_dict())
     counter = Counting()
-    compiled = torch.compile(model, backend=counter, dynamic=True)
-    for n in (3, 17, 33, 64):
-        x = torch.randn(n, 32)
+    compiled = torch.compile(model, backend=counter, dynamic=dynamic)
+    for shape in shapes:
+        x = torch.randn(shape)
         xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
-        out = compiled(xa)
-        expected = reference(xb)
+        out, expected = compiled(xa), reference(xb)
         torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
         out.square().sum().backward()
         expected.square().sum().backward()
@@ -200,34 +201,19 @@ def test_mlp_variable_batch_training_gradients():
         for p, q in zip(model.parameters(), reference.parameters()):
             torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-4)
             p.grad = q.grad = None
-    assert len(counter.graphs) == 1
     assert backend_compile.stats["graph_fallbacks"] == 0
+    return counter
 
 
-class Block(nn.Module):
-    """bench/backend.py's pre-norm transformer block, smaller."""
-
-    def __init__(self, d: int = 32, heads: int = 4) -> None:
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-        self.heads = heads
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        att = torch.softmax((q @ k.transpose(-2, -1)) * (d // self.heads) ** -0.5, -1)
-        y = (att @ v).transpose(1, 2).reshape(b, t, d)
-        x = x + self.proj(y)
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+def test_mlp_variable_batch_training_gradients():
+    counter = _train(MLP, [(n, 32) for n in (3, 17, 33, 64)], dynamic=True)
+    assert len(counter.graphs) == 1
 
 
 def test_transformer_block_variable_batch_and_sequence():
     """Automatic dynamic: the model width stays static (with dynamic=True it would be a
     symbol too, and `d ** -0.5` a symbolic float, which ember's aot stage does not trace)."""
-    model = Block().eval()
+    model = Block(32).eval()
     inputs = [(torch.randn(b, t, 32),) for b, t in ((2, 3), (3, 17), (2, 33), (4, 7), (5, 64))]
     with torch.no_grad():
         counter = _run(model, inputs, dynamic=None)
@@ -235,22 +221,8 @@ def test_transformer_block_variable_batch_and_sequence():
 
 
 def test_transformer_block_training_variable_sequence():
-    torch.manual_seed(0)
-    model, reference = Block(), Block()
-    reference.load_state_dict(model.state_dict())
-    counter = Counting()
-    compiled = torch.compile(model, backend=counter)
-    for t in (3, 17, 33, 7):
-        x = torch.randn(2, t, 32)
-        out, expected = compiled(x), reference(x)
-        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
-        out.sum().backward()
-        expected.sum().backward()
-        for p, q in zip(model.parameters(), reference.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-4)
-            p.grad = q.grad = None
+    counter = _train(lambda: Block(32), [(2, t, 32) for t in (3, 17, 33, 7)], dynamic=None)
     assert len(counter.graphs) == 2
-    assert backend_compile.stats["graph_fallbacks"] == 0
 
 
 def _gpt2():

@@ -207,7 +207,7 @@ def _select(ctx: LowerCtx, x: Value, dim: int, index: int) -> Value:
         index += x.size[dim]
 
     def lazy(idx):
-        return list(idx[:dim]) + [sympy.Integer(index)] + list(idx[dim:])
+        return list(idx[:dim]) + [sympy.sympify(index)] + list(idx[dim:])
 
     return _view(ctx, x, lambda t: t.select(dim, index), lazy)
 
