@@ -27,10 +27,11 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from ember import logs
+from ember import config, logs
 from ember.aot.eager_runner import eager_compile_aten
 from ember.aot.program import (
     Program,
+    backend_examples,
     check_input_aliasing,
     devices_of,
     lift_state,
@@ -38,6 +39,8 @@ from ember.aot.program import (
     trace_inference,
 )
 from ember.aot.runtime import InferenceRuntime
+from ember.aot.symbolic import hint, symbolic_inputs
+from ember.aot.trace import TraceError
 
 CompileAten = Callable[[fx.GraphModule, list[torch.Tensor]], Callable[..., Sequence[Any]]]
 
@@ -48,9 +51,15 @@ class AotFunction:
     """The callable a backend returns: picks (and lazily builds) the inference or training
     version for the current grad mode and the values of specialized int inputs."""
 
-    def __init__(self, gm: torch.nn.Module, compile_aten: CompileAten) -> None:
+    def __init__(
+        self, gm: torch.nn.Module, compile_aten: CompileAten, symbolic: list[Any] | None = None
+    ) -> None:
         self.gm = gm
         self.compile_aten = compile_aten
+        self.symbolic = symbolic
+        """Per input, its symbolic stand-in when the graph has symbolic sizes (see
+        symbolic.symbolic_inputs): every trace uses them, so one trace serves all sizes."""
+        self._sizes = {i for i, s in enumerate(symbolic or ()) if isinstance(s, torch.SymInt)}
         self.state = lift_state(gm)
         self._cache: dict[tuple[Any, ...], Callable[[Sequence[Any]], Any]] = {}
         self._fast: Callable[..., Any] | None = None
@@ -67,19 +76,38 @@ class AotFunction:
         if training:
             from ember.aot.joint import build_training
 
-            return build_training(self.gm, args, self.compile_aten)
-        program = trace_inference(self.gm, args)
+            return build_training(self.gm, args, self.compile_aten, self.symbolic)
+        program = trace_inference(self.gm, args, self.symbolic)
         _log_graph("inference", program)
         flat = program.flat_inputs(args)
         check_input_aliasing(flat, program.mutated)
-        compiled = self.compile_aten(program.gm, list(flat))
+        compiled = self.compile_aten(program.gm, backend_examples(program.gm, flat))
         return InferenceRuntime(program, compiled)
 
+    def _build_or_run(self, args: Sequence[Any], training: bool) -> Callable[[Sequence[Any]], Any]:
+        """A graph with symbolic sizes that ember cannot trace (a symbolic float, say) runs
+        as the captured torch-level graph, logged, rather than failing the user's program
+        at its second size (EMBER_STRICT=1 raises, as for any backend failure)."""
+        try:
+            return self._build(args, training)
+        except TraceError as e:
+            if self.symbolic is None or config.current().strict:
+                raise
+            logs.log("aot", "graph with symbolic sizes runs uncompiled: %s", e)
+            return _run_torch_level(self.gm)
+
     def key(self, args: Sequence[Any]) -> tuple[Any, ...]:
-        """Which inputs need grad (under grad mode) and the values of non-tensor inputs."""
+        """Which inputs need grad (under grad mode) and the values of non-tensor inputs
+        (not of symbolic sizes: one trace serves them all)."""
         grad = torch.is_grad_enabled() or self.enables_grad
+        sizes = self._sizes
         parts: list[Any] = [
-            (grad and a.requires_grad) if isinstance(a, torch.Tensor) else ("v", a) for a in args
+            (grad and a.requires_grad)
+            if isinstance(a, torch.Tensor)
+            else "size"
+            if i in sizes
+            else ("v", a)
+            for i, a in enumerate(args)
         ]
         if grad:
             parts += [r.get().requires_grad for r in self.state]
@@ -102,20 +130,25 @@ class AotFunction:
                 logs.log("aot", "graph inputs on %s: running it uncompiled", where)
                 runtime = _run_torch_level(self.gm)
             else:
-                runtime = self._build(args, training)
+                runtime = self._build_or_run(args, training)
             self._cache[key] = runtime
             fast_ok = self._fast is None and not self.enables_grad
             if isinstance(runtime, InferenceRuntime) and runtime.simple and fast_ok:
                 # tensors in, the graph's outputs out, nothing to copy back: the compiled
                 # callable is the whole call whenever no gradient is needed
                 self._fast, self._fast_arity = runtime.compiled, len(args)
+                self._fast_tensors = [i for i, a in enumerate(args) if i not in self._sizes]
         return runtime
 
     def __call__(self, *args: Any) -> Any:
         fast = self._fast
         if fast is not None and len(args) == self._fast_arity:
             try:
-                needs_grad = torch.is_grad_enabled() and any(a.requires_grad for a in args)
+                needs_grad = torch.is_grad_enabled() and (
+                    any(a.requires_grad for a in args)
+                    if not self._sizes
+                    else any(args[i].requires_grad for i in self._fast_tensors)
+                )
             except AttributeError:  # a non-tensor argument: the general path
                 needs_grad = True
             if not needs_grad:
@@ -145,8 +178,8 @@ def aot_compile(
     gm: torch.nn.Module, example_inputs: Sequence[Any], compile_aten: CompileAten
 ) -> Callable[..., Any]:
     """Compile a torch-level graph for the grad mode of the example inputs (others lazily)."""
-    fn = AotFunction(gm, compile_aten)
-    fn.runtime_for(list(example_inputs))
+    fn = AotFunction(gm, compile_aten, symbolic_inputs(gm, example_inputs))
+    fn.runtime_for([hint(a) for a in example_inputs])
     return fn
 
 

@@ -19,6 +19,8 @@ from torch.nn.attention import SDPBackend
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
 
+from ember.aot.symbolic import hints
+
 _SDPA = torch._C._nn.scaled_dot_product_attention
 _FLASH = int(SDPBackend.FLASH_ATTENTION)
 
@@ -37,7 +39,8 @@ class EagerAttention(TorchFunctionMode):
 
 def _stand_in(t: torch.Tensor) -> torch.Tensor:
     """An empty CPU tensor with `t`'s layout, dtype and grad flag (for the kernel chooser)."""
-    real = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+    # symbolic sizes: the chooser looks at dtypes, dims and flags; the example sizes stand in
+    real = torch.empty_strided(hints(t.shape), hints(t.stride()), dtype=t.dtype, device="cpu")
     return real.requires_grad_(t.requires_grad)
 
 

@@ -23,12 +23,15 @@ from ember import logs
 from ember.aot.partition import partition
 from ember.aot.program import (
     Program,
+    backend_examples,
     begin,
     check_input_aliasing,
+    check_symbolic_floats,
     retry_with_dynamo,
     run_forward,
 )
 from ember.aot.runtime import InferenceRuntime, TrainingRuntime
+from ember.aot.symbolic import example_input
 from ember.aot.trace import TraceError, check_functional
 from ember.errors import BreakReason
 
@@ -46,17 +49,24 @@ class JointGraph:
     grad_inputs: list[int]  # flat input indices that get a gradient
 
 
-def _differentiable(t: torch.Tensor) -> bool:
+def _differentiable(t: Any) -> bool:
+    if not isinstance(t, torch.Tensor):
+        return False  # a symbolic size
     return t.requires_grad and (t.is_floating_point() or t.is_complex())
 
 
-def trace_joint(gm: torch.nn.Module, args: Sequence[Any]) -> JointGraph | None:
+def trace_joint(
+    gm: torch.nn.Module, args: Sequence[Any], symbolic: Sequence[Any] | None = None
+) -> JointGraph | None:
     """Trace forward and backward together; None when no output needs a gradient."""
-    return retry_with_dynamo(_trace_joint, gm, args)
+    return retry_with_dynamo(_trace_joint, gm, args, symbolic)
 
 
-def _trace_joint(gm: torch.nn.Module, args: Sequence[Any]) -> JointGraph | None:
-    tracer, program, fakes, call_args = begin(gm, args)
+def _trace_joint(
+    gm: torch.nn.Module, args: Sequence[Any], symbolic: Sequence[Any] | None
+) -> JointGraph | None:
+    check_symbolic_floats(gm, symbolic)
+    tracer, program, fakes, call_args = begin(gm, args, symbolic)
     with torch.enable_grad():
         graph_outs = run_forward(tracer, program, gm, fakes, call_args)
     for i in program.mutated:
@@ -101,34 +111,34 @@ def _trace_joint(gm: torch.nn.Module, args: Sequence[Any]) -> JointGraph | None:
     )
 
 
-def _example(val: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A real tensor with the metadata of a traced one (what compile_aten gets as example;
-    uninitialized: a backend reads layouts from examples, never values)."""
-    return torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device=device)
-
-
 def build_training(
-    gm: torch.nn.Module, args: Sequence[Any], compile_aten: Callable
+    gm: torch.nn.Module,
+    args: Sequence[Any],
+    compile_aten: Callable,
+    symbolic: Sequence[Any] | None = None,
 ) -> Callable[[Sequence[Any]], Any]:
     """Trace, partition and compile both halves; returns the runtime for these inputs."""
-    joint = trace_joint(gm, args)
+    joint = trace_joint(gm, args, symbolic)
     if joint is None:
         from ember.aot.program import trace_inference
 
-        program = trace_inference(gm, args)
+        program = trace_inference(gm, args, symbolic)
         flat = program.flat_inputs(args)
-        return InferenceRuntime(program, compile_aten(program.gm, list(flat)))
+        return InferenceRuntime(
+            program, compile_aten(program.gm, backend_examples(program.gm, flat))
+        )
     if logs.enabled("aot"):
         logs.log("aot", "joint graph:\n%s", joint.gm.print_readable(print_output=False))
     parts = partition(joint.gm, joint.num_primals, joint.num_fwd_outputs)
     flat = joint.program.flat_inputs(args)
     check_input_aliasing(flat, joint.program.mutated)
-    fwd = compile_aten(parts.forward, list(flat))
+    fwd = compile_aten(parts.forward, backend_examples(parts.forward, flat))
 
     def compile_backward(g: fx.GraphModule) -> Callable:
+        # uninitialized examples: a backend reads layouts from examples, never values
         placeholders = g.graph.find_nodes(op="placeholder")
         return compile_aten(
-            g, [_example(n.meta["val"], joint.program.device) for n in placeholders]
+            g, [example_input(n.meta["val"], joint.program.device) for n in placeholders]
         )
 
     if parts.split is not None:

@@ -36,6 +36,7 @@ from ember.aot.schedule import (
     reorder_for_memory,
     split_backward,
 )
+from ember.aot.symbolic import is_symbolic, numel_hint, symbolic_tensor
 
 aten = torch.ops.aten
 
@@ -74,7 +75,9 @@ class Partition:
 def _nbytes(node: fx.Node) -> float:
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor):
-        return float(val.numel() * val.element_size())
+        return float(numel_hint(val) * val.element_size())  # a symbolic size counts its hint
+    if isinstance(val, torch.SymInt):
+        return 8.0  # a size the backward needs (saved as a Python int)
     return math.inf  # tuples are never saved whole: their items are
 
 
@@ -98,6 +101,18 @@ def _storage_root(node: fx.Node) -> fx.Node:
 def storage_bytes(nodes: Iterable[fx.Node]) -> int:
     """Bytes kept alive by saving these values: views count their base, each base once."""
     return int(sum(_nbytes(r) for r in {_storage_root(n) for n in nodes}))
+
+
+def _is_size(node: fx.Node) -> bool:
+    return isinstance(node.meta.get("val"), torch.SymInt)
+
+
+def is_symbolic_graph(graph: fx.Graph) -> bool:
+    """Whether a traced graph has symbolic sizes (SymInt or symbolically sized inputs)."""
+    return any(
+        symbolic_tensor(v) or is_symbolic(v)
+        for v in (n.meta.get("val") for n in graph.find_nodes(op="placeholder"))
+    )
 
 
 def _is_random(node: fx.Node) -> bool:
@@ -267,7 +282,9 @@ def _split(
     `as_module=False` gives bare fx.Graphs (no code generation: trials only estimate)."""
     available = set(saved) | set(a.tangents)
     bwd_keep = _needed(a.grads, available)
+    # sizes last: the runtime keeps them apart from the tensors autograd saves
     saved = [n for n in saved if n in bwd_keep]
+    saved = [n for n in saved if not _is_size(n)] + [n for n in saved if _is_size(n)]
     fwd_keep = _ancestors(a.fwd_outs + saved)
     forward = _extract(joint, fwd_keep, a.primals, a.fwd_outs + saved, as_module=as_module)
     recomputed = frozenset(n for n in bwd_keep if n not in a.tangent_dep)
@@ -360,7 +377,9 @@ def partition(
     else:
         forward, backward, saved = _split(joint, a, naive)
     split = None
-    if recompute and split_stages:
+    # two backward nodes hand crossing values over as gradients of stand-ins whose shapes
+    # would have to be evaluated per call: not done for symbolic sizes
+    if recompute and split_stages and not is_symbolic_graph(joint.graph):
         # an order that counts the tangents as released at their last read puts every
         # tangent reader early (the weight gradient of the last layer first): the order
         # a split after the last tangent reader wants

@@ -24,6 +24,7 @@ import torch.fx as fx
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from ember.aot.functionalize import ViewStep
+from ember.aot.symbolic import SizeBinder, is_symbolic, meta_like, symbolic_tensor
 from ember.aot.trace import TraceError, Tracer, check_functional
 from ember.errors import BreakReason
 from ember.meta import needs_real_dynamo, no_dynamo_import
@@ -117,23 +118,27 @@ class Program:
     def device(self) -> torch.device:
         return self.extra.get("device", torch.device("cpu"))
 
-    def flat_inputs(self, args: Sequence[Any]) -> list[torch.Tensor]:
-        tensors = [a for a, k in zip(args, self.arg_kinds, strict=True) if k == "tensor"]
-        return tensors + [r.get() for r in self.state]
+    def flat_inputs(self, args: Sequence[Any]) -> list[Any]:
+        """The compiled graph's inputs: tensors and symbolic sizes in order, then state."""
+        flat = [a for a, k in zip(args, self.arg_kinds, strict=True) if k != "int"]
+        return flat + [r.get() for r in self.state]
 
 
 def split_args(args: Sequence[Any]) -> tuple[list[str], tuple[Any, ...]]:
-    """Which gm inputs are tensors, and the values of the others (specialized)."""
+    """Which gm inputs are tensors, symbolic ints (a size the graph takes as an input, passed
+    on to the compiled graph) or other values (specialized: part of the cache key)."""
     kinds: list[str] = []
     ints: list[Any] = []
     for a in args:
         if isinstance(a, torch.Tensor):
             kinds.append("tensor")
-        elif isinstance(a, torch.SymInt | torch.SymFloat | torch.SymBool):
+        elif isinstance(a, torch.SymInt):
+            kinds.append("sym")
+        elif isinstance(a, torch.SymFloat | torch.SymBool):
             raise TraceError(
                 BreakReason.UNSUPPORTED_OBJECT,
-                "symbolic sizes reached ember's aot tracer",
-                hint="compile with dynamic=False",
+                "a symbolic float or bool reached ember's aot tracer",
+                hint="compile with dynamic=False, or keep float inputs constant",
             )
         else:
             kinds.append("int")
@@ -141,12 +146,22 @@ def split_args(args: Sequence[Any]) -> tuple[list[str], tuple[Any, ...]]:
     return kinds, tuple(ints)
 
 
+def backend_examples(gm: fx.GraphModule, flat: list[Any]) -> list[Any]:
+    """What a backend gets as example inputs for a traced graph of the flat inputs: the real
+    inputs, symbolic sizes as their SymInts (the placeholders hold the symbolic layouts)."""
+    vals = [n.meta["val"] for n in gm.graph.find_nodes(op="placeholder")]
+    return [v if isinstance(v, torch.SymInt) else f for v, f in zip(vals, flat, strict=True)]
+
+
 def check_input_aliasing(flat: Sequence[torch.Tensor], mutated: Sequence[int]) -> None:
     """A mutated input sharing memory with another input would need the two functionalized
     together; refuse that clearly (aliasing among inputs that are only read is harmless)."""
     if not mutated:
         return
-    ptrs = [t.untyped_storage().data_ptr() if t.numel() else -1 - i for i, t in enumerate(flat)]
+    ptrs = [
+        t.untyped_storage().data_ptr() if isinstance(t, torch.Tensor) and t.numel() else -1 - i
+        for i, t in enumerate(flat)
+    ]
     for i in mutated:
         for j, p in enumerate(ptrs):
             if j != i and p == ptrs[i]:
@@ -164,11 +179,14 @@ def devices_of(args: Sequence[Any], state: Sequence[Any]) -> set[torch.device]:
     return {t.device for t in real if t.device.type != "cpu" or t.dim() > 0}
 
 
-def begin(gm: torch.nn.Module, args: Sequence[Any]) -> tuple[Tracer, Program, list, list]:
-    """Set up a tracer with one placeholder per flat input; returns fakes for gm's args."""
-    kinds, ints = split_args(args)
+def begin(
+    gm: torch.nn.Module, args: Sequence[Any], symbolic: Sequence[Any] | None = None
+) -> tuple[Tracer, Program, list, list]:
+    """Set up a tracer with one placeholder per flat input; returns fakes for gm's args.
+    `symbolic` (per arg, see symbolic.symbolic_inputs) gives the symbolic stand-ins of a
+    dynamic graph's inputs: their fakes get symbolic sizes and SymInt inputs placeholders."""
+    kinds, ints = split_args(symbolic_args(args, symbolic))
     state = lift_state(gm)
-    real = [a for a in args if isinstance(a, torch.Tensor)] + [r.get() for r in state]
     devices = devices_of(args, state)
     if len(devices) > 1:
         raise TraceError(
@@ -177,11 +195,18 @@ def begin(gm: torch.nn.Module, args: Sequence[Any]) -> tuple[Tracer, Program, li
             hint="move the inputs to one device before the compiled region",
         )
     tracer = Tracer(devices.pop() if devices else None)
-    fakes = [tracer.to_fake(t) for t in real]
+    stand_ins = list(symbolic) if symbolic is not None else [None] * len(args)
+    fakes: list[Any] = []
+    for a, kind, s in zip(args, kinds, stand_ins, strict=True):
+        if kind == "sym":
+            fakes.append(s if s is not None else a)
+        elif kind == "tensor":
+            fakes.append(meta_like(s, a.requires_grad) if s is not None else tracer.to_fake(a))
+    fakes += [tracer.to_fake(r.get()) for r in state]
     for i, f in enumerate(fakes):
         tracer.placeholder(f"primals_{i + 1}", f)
     it = iter(fakes)
-    call_args = [next(it) if k == "tensor" else a for a, k in zip(args, kinds, strict=True)]
+    call_args = [next(it) if k != "int" else a for a, k in zip(args, kinds, strict=True)]
     program = Program(
         gm=None,  # type: ignore[arg-type]
         arg_kinds=kinds,
@@ -193,7 +218,33 @@ def begin(gm: torch.nn.Module, args: Sequence[Any]) -> tuple[Tracer, Program, li
         num_graph_outputs=0,
     )
     program.extra["device"] = tracer.device
+    if any(is_symbolic(f) or symbolic_tensor(f) for f in fakes):
+        program.extra["sizes"] = SizeBinder(fakes)
     return tracer, program, fakes, call_args
+
+
+def check_symbolic_floats(gm: torch.nn.Module, symbolic: Sequence[Any] | None) -> None:
+    """Refuse, naming the node, a graph that computes a float from symbolic sizes (Dynamo's
+    `d ** -0.5` when the model width d is dynamic): ember traces integer sizes only."""
+    if symbolic is None or not isinstance(gm, fx.GraphModule):
+        return
+    for node in gm.graph.nodes:
+        value = node.meta.get("example_value", node.meta.get("val"))
+        if isinstance(value, torch.SymFloat) and not value.node.expr.is_number:
+            raise TraceError(
+                BreakReason.UNSUPPORTED_OBJECT,
+                f"the graph computes a symbolic float ({node.format_node()}), which ember's "
+                "aot stage does not trace",
+                hint="let only the sizes that vary be dynamic (dynamic=None, or "
+                "torch._dynamo.mark_dynamic on the batch/sequence dims)",
+            )
+
+
+def symbolic_args(args: Sequence[Any], symbolic: Sequence[Any] | None) -> list[Any]:
+    """The args with symbolic int inputs as their SymInts (the runtime passes plain ints)."""
+    if symbolic is None:
+        return list(args)
+    return [s if isinstance(s, torch.SymInt) else a for a, s in zip(args, symbolic, strict=True)]
 
 
 def _output_spec(
@@ -202,6 +253,12 @@ def _output_spec(
     """How one returned value is rebuilt. Views are replayed on their base at run time (the
     caller's input, or an intermediate the graph returns), so they alias and stride as in
     eager; one tensor returned twice is one graph output."""
+    if is_symbolic(leaf):
+        raise TraceError(
+            BreakReason.UNSUPPORTED_OBJECT,
+            "the compiled graph returns a symbolic size",
+            hint="return tensors (or compile with dynamic=False)",
+        )
     if not isinstance(leaf, torch.Tensor) or not tracer.aliases.known(leaf):
         return OutputSpec(OutKind.CONSTANT, value=leaf)  # incl. real tensors returned as-is
     root = tracer.aliases.root_of(leaf)
@@ -227,6 +284,9 @@ def run_forward(
     leaves, program.out_tree = tree_flatten(result)
     graph_outs: list[torch.Tensor] = []
     program.specs = [_output_spec(tracer, leaf, fakes, graph_outs) for leaf in leaves]
+    program.extra["symbolic_views"] = any(
+        is_symbolic(a) for spec in program.specs for step in spec.chain for a in _flat_args(step)
+    )
     program.num_graph_outputs = len(graph_outs)
     mutated_roots = set(tracer.aliases.mutated_roots())
     if mutated_roots & {id(c) for c in tracer._const_ids.values()}:
@@ -239,9 +299,18 @@ def run_forward(
     return graph_outs
 
 
-def trace_inference(gm: torch.nn.Module, args: Sequence[Any]) -> Program:
+def _flat_args(step: ViewStep) -> list[Any]:
+    out: list[Any] = []
+    for a in step.args:
+        out.extend(a if isinstance(a, list | tuple) else [a])
+    return out
+
+
+def trace_inference(
+    gm: torch.nn.Module, args: Sequence[Any], symbolic: Sequence[Any] | None = None
+) -> Program:
     """Trace gm(*args) with grad off into one functional graph (outputs + mutated inputs)."""
-    return retry_with_dynamo(_trace_inference, gm, args)
+    return retry_with_dynamo(_trace_inference, gm, args, symbolic)
 
 
 def retry_with_dynamo(trace: Callable[..., T], *args: Any) -> T:
@@ -257,8 +326,11 @@ def retry_with_dynamo(trace: Callable[..., T], *args: Any) -> T:
     return trace(*args)
 
 
-def _trace_inference(gm: torch.nn.Module, args: Sequence[Any]) -> Program:
-    tracer, program, fakes, call_args = begin(gm, args)
+def _trace_inference(
+    gm: torch.nn.Module, args: Sequence[Any], symbolic: Sequence[Any] | None
+) -> Program:
+    check_symbolic_floats(gm, symbolic)
+    tracer, program, fakes, call_args = begin(gm, args, symbolic)
     with torch.no_grad():
         graph_outs = run_forward(tracer, program, gm, fakes, call_args)
     finals = [fakes[i] for i in program.mutated]
@@ -270,6 +342,8 @@ def _trace_inference(gm: torch.nn.Module, args: Sequence[Any]) -> Program:
 def build_outputs(program: Program, flat: Sequence[torch.Tensor], outs: Sequence[Any]) -> Any:
     """What the gm returns: graph values, views replayed on the real inputs, constants."""
     leaves: list[Any] = []
+    binder = program.extra.get("sizes")
+    env = binder.bind(flat) if binder is not None and program.extra.get("symbolic_views") else {}
     for spec in program.specs:
         if spec.kind is OutKind.GRAPH:
             leaves.append(outs[spec.index])
@@ -278,7 +352,8 @@ def build_outputs(program: Program, flat: Sequence[torch.Tensor], outs: Sequence
         else:
             t = flat[spec.index] if spec.kind is OutKind.INPUT_VIEW else outs[spec.index]
             for step in spec.chain:
-                t = step.func(t, *step.args, **step.kwargs)
+                args = binder.resolve(step.args, env) if env else step.args
+                t = step.func(t, *args, **step.kwargs)
                 if step.index is not None:
                     t = t[step.index]
             leaves.append(t)

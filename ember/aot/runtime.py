@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ember.aot.partition import is_symbolic_graph
 from ember.aot.program import (
     Program,
     apply_mutations,
@@ -20,6 +21,7 @@ from ember.aot.program import (
     check_input_aliasing,
     is_plain_tuple,
 )
+from ember.aot.symbolic import traced_strides
 
 Compiled = Callable[..., Sequence[Any]]
 
@@ -42,7 +44,7 @@ class InferenceRuntime:
         self.simple = (
             not program.state
             and not program.mutated
-            and all(k == "tensor" for k in program.arg_kinds)
+            and all(k != "int" for k in program.arg_kinds)
             and is_plain_tuple(program)
         )
 
@@ -64,13 +66,15 @@ def _contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
-def _as_traced(saved: Sequence[torch.Tensor], strides: list[tuple[int, ...]]) -> list:
+def _as_traced(saved: Sequence[torch.Tensor], strides: list[Any]) -> list:
     """Saved values with the strides the backward was compiled for: a backend may lay out
     the forward's outputs differently from eager, and a backward that bakes strides in must
-    not read them wrongly."""
+    not read them wrongly. (Symbolic strides: symbolic.traced_strides.)"""
     out = list(saved)
     for i, (t, stride) in enumerate(zip(out, strides, strict=True)):
-        if t.stride() != stride:
+        if callable(stride):
+            stride = stride(t)
+        if stride is not None and t.stride() != stride:
             fixed = torch.empty_strided(t.shape, stride, dtype=t.dtype, device=t.device)
             out[i] = fixed.copy_(t)
     return out
@@ -107,7 +111,11 @@ def _forward_outputs(ctx: Any, runtime: TrainingRuntime, user: list, saved: list
     that have no gradient, return the user outputs."""
     ctx.runtime = runtime
     ctx.set_materialize_grads(False)  # unused outputs' zeros are made only where needed
-    ctx.save_for_backward(*saved)
+    n = runtime.num_saved_tensors
+    ctx.save_for_backward(*saved[:n])
+    ctx.saved_sizes = saved[n:]  # symbolic sizes the backward takes, as ints
+    if runtime.symbolic:
+        ctx.out_shapes = [o.shape if isinstance(o, torch.Tensor) else None for o in user]
     non_diff = [o for k, o in enumerate(user) if k not in runtime.diff_set]
     ctx.mark_non_differentiable(*[o for o in non_diff if isinstance(o, torch.Tensor)])
     return tuple(user)
@@ -120,20 +128,25 @@ def _backward_args(ctx: Any, grad_outs: tuple, strides: str) -> list:
     # gradient missing its second-order part would be silently wrong
     _no_double_backward()
     runtime: TrainingRuntime = ctx.runtime
-    tangents = _tangents(runtime, grad_outs)
-    args = [*_as_traced(ctx.saved_tensors, getattr(runtime, strides)), *tangents]
+    tangents = _tangents(runtime, grad_outs, getattr(ctx, "out_shapes", None))
+    saved = _as_traced(ctx.saved_tensors, getattr(runtime, strides))
+    args = [*saved, *getattr(ctx, "saved_sizes", ()), *tangents]
     del tangents, grad_outs
     ctx.maybe_clear_saved_tensors()  # frees them unless retain_graph=True
     return args
 
 
-def _tangents(runtime: TrainingRuntime, grad_outs: Sequence[torch.Tensor | None]) -> list:
-    """Incoming gradients of the differentiable outputs, contiguous, zeros for None."""
+def _tangents(
+    runtime: TrainingRuntime, grad_outs: Sequence[torch.Tensor | None], shapes: list | None
+) -> list:
+    """Incoming gradients of the differentiable outputs, contiguous, zeros for None (of the
+    shape the forward returned, where sizes are symbolic)."""
     tangents = []
     for k, spec in zip(runtime.diff_outputs, runtime.tangent_specs, strict=True):
         g = grad_outs[k]
         if g is None:
-            g = torch.zeros(spec[0], dtype=spec[1], device=spec[2])
+            shape = spec[0] if shapes is None else shapes[k]
+            g = torch.zeros(shape, dtype=spec[1], device=spec[2])
         tangents.append(_contiguous(g))
     return tangents
 
@@ -243,7 +256,11 @@ class TrainingRuntime:
         ]
         n_saved = len(parts.saved)
         backward_inputs = list(parts.backward.graph.find_nodes(op="placeholder"))[:n_saved]
-        self.saved_strides = [n.meta["val"].stride() for n in backward_inputs]
+        saved_vals = [n.meta["val"] for n in backward_inputs]
+        tensors = [v for v in saved_vals if isinstance(v, torch.Tensor)]
+        self.num_saved_tensors = len(tensors)  # then the saved sizes (partition orders them)
+        self.saved_strides = [traced_strides(v) for v in tensors]
+        self.symbolic = is_symbolic_graph(joint.gm.graph)
         self.split = parts.split if stages is not None else None
         if self.split is not None:
             self._init_split(parts, stages)
@@ -260,8 +277,10 @@ class TrainingRuntime:
         self.first_inputs = sorted(set(self.first_grad_inputs))
         first_ph = list(split.first.graph.find_nodes(op="placeholder"))
         second_ph = list(split.second.graph.find_nodes(op="placeholder"))
-        self.first_strides = [n.meta["val"].stride() for n in first_ph[: len(self.first_saved)]]
-        self.second_strides = [n.meta["val"].stride() for n in second_ph]
+        self.first_strides = [
+            traced_strides(n.meta["val"]) for n in first_ph[: len(self.first_saved)]
+        ]
+        self.second_strides = [traced_strides(n.meta["val"]) for n in second_ph]
         cross = second_ph[len(self.second_saved) :]
         self.cross_specs = [(n.meta["val"].shape, n.meta["val"].dtype) for n in cross]
 

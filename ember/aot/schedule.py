@@ -23,6 +23,7 @@ import torch
 import torch.fx as fx
 
 from ember.aot.functionalize import is_view_op
+from ember.aot.symbolic import numel_hint
 
 GraphLike = TypeVar("GraphLike", fx.GraphModule, fx.Graph)
 MAX_NODES = 3000  # the greedy choice is quadratic; beyond this keep the traced order
@@ -30,7 +31,7 @@ MAX_NODES = 3000  # the greedy choice is quadratic; beyond this keep the traced 
 
 def _nbytes(val: object) -> int:
     if isinstance(val, torch.Tensor):
-        return val.numel() * val.element_size()
+        return numel_hint(val) * val.element_size()  # a symbolic size counts its hint
     if isinstance(val, list | tuple):
         return sum(_nbytes(v) for v in val)
     return 0

@@ -23,10 +23,13 @@ import operator
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import sympy
 import torch
 import torch.fx as fx
+from torch._dispatch.python import enable_python_dispatcher
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._sympy.functions import FloorDiv, PythonMod
 
 from ember.aot.attention import EagerAttention
 from ember.aot.dropout import FusedDropout
@@ -38,6 +41,7 @@ from ember.aot.functionalize import (
     is_view_op,
     mutated_args,
 )
+from ember.aot.symbolic import SYM_TYPES, is_symbolic
 from ember.errors import BreakReason, Unsupported
 from ember.meta import META, no_dynamo_import, to_meta
 
@@ -119,6 +123,10 @@ class Tracer:
         self.constants: dict[str, torch.Tensor] = {}
         self._const_ids: dict[int, torch.Tensor] = {}
         self._last_placeholder: fx.Node | None = None
+        # symbolic sizes: the node computing each size expression met so far, and where each
+        # size symbol can be read (a SymInt input, or a size/stride of a tensor input)
+        self._sym_nodes: dict[sympy.Expr, fx.Node] = {}
+        self._sym_sources: dict[sympy.Symbol, tuple[Any, fx.Node, int, Any]] = {}
 
     # -- the Emitter protocol used by functionalize --------------------------------------------
     def emit(self, func: Any, args: tuple, kwargs: dict, val: Any) -> fx.Node:
@@ -134,8 +142,9 @@ class Tracer:
         """The meta stand-in of a real tensor (strides, offset and requires_grad kept)."""
         return to_meta(t)
 
-    def placeholder(self, name: str, fake: torch.Tensor) -> fx.Node:
-        """A graph input holding `fake`; placeholders stay in front of all other nodes."""
+    def placeholder(self, name: str, fake: Any) -> fx.Node:
+        """A graph input holding `fake` (a meta tensor, or a SymInt for a symbolic size
+        input); placeholders stay in front of all other nodes."""
         if self._last_placeholder is None:
             first = next(iter(self.graph.nodes), None)
             ctx = (
@@ -149,7 +158,49 @@ class Tracer:
             node = self.graph.placeholder(name)
         node.meta["val"] = fake
         self._last_placeholder = node
-        self.aliases.add_root(fake, node)
+        if isinstance(fake, torch.Tensor):
+            self.aliases.add_root(fake, node)
+            for op, values in (
+                (aten.sym_size.int, fake.shape),
+                (aten.sym_stride.int, fake.stride()),
+            ):
+                for d, v in enumerate(values):
+                    if is_symbolic(v) and isinstance(v.node.expr, sympy.Symbol):
+                        self._sym_sources.setdefault(v.node.expr, (op, node, d, v))
+        elif is_symbolic(fake) and isinstance(fake.node.expr, sympy.Symbol):
+            self._sym_nodes.setdefault(fake.node.expr, node)
+        return node
+
+    # -- symbolic sizes ------------------------------------------------------------------------
+    def sym_value(self, v: Any) -> Any:
+        """What the graph records for a SymInt argument: a number when its ShapeEnv knows
+        it, else the node computing it from the inputs (sym_size of an input, arithmetic)."""
+        expr = v.node.expr
+        if expr.is_number:
+            return _number(expr)
+        return self._sym_expr(expr)
+
+    def _sym_expr(self, expr: sympy.Expr) -> Any:
+        if expr.is_number:
+            return _number(expr)
+        node = self._sym_nodes.get(expr)
+        if node is not None:
+            return node
+        if isinstance(expr, sympy.Symbol):
+            if expr not in self._sym_sources:
+                raise _fail(f"size symbol {expr} is not a size of any graph input")
+            op, src, d, v = self._sym_sources[expr]
+            node = self.emit(op, (src, d), {}, v)
+        else:
+            fn = _SYM_OPS.get(type(expr)) or _SYM_OPS.get(expr.func)
+            if fn is None:
+                raise _fail(f"size expression {expr} ({type(expr).__name__}) is not supported")
+            parts = [self._sym_expr(arg) for arg in expr.args]
+            node = parts[0]
+            for nxt in parts[1:]:
+                val = fn(_val(node), _val(nxt))
+                node = self.emit(fn, (node, nxt), {}, val)
+        self._sym_nodes[expr] = node
         return node
 
     def _constant(self, t: torch.Tensor) -> torch.Tensor:
@@ -172,7 +223,16 @@ class Tracer:
         pick their kernel by device take the one eager would take: attention on the CPU
         (attention.py), dropout elsewhere (dropout.py)."""
         by_device = EagerAttention() if self.device.type == "cpu" else FusedDropout()
-        with no_dynamo_import(), _Recorder(self), by_device, _ListIndices():
+        # symbolic sizes: C++ composite kernels need concrete sizes, their Python
+        # decompositions (run through the Python dispatcher) take SymInts
+        symbolic = enable_python_dispatcher() if self._sym_sources or self._sym_nodes else None
+        with (
+            no_dynamo_import(),
+            symbolic or contextlib.nullcontext(),
+            _Recorder(self),
+            by_device,
+            _ListIndices(),
+        ):
             yield
 
     def value(self, t: torch.Tensor) -> fx.Node:
@@ -192,6 +252,8 @@ class Tracer:
         def record(a: Any) -> Any:
             if isinstance(a, torch.Tensor):
                 return self.value(a)
+            if isinstance(a, SYM_TYPES):
+                return self.sym_value(a)
             if isinstance(a, torch.device) and a.type == "meta":
                 return self.device
             return a
@@ -400,6 +462,23 @@ def _rebind(func: Any, fvar: Any, args: tuple, kwargs: dict) -> tuple[tuple, dic
         else:
             f_kwargs[a.name] = given[a.name]
     return tuple(f_args), f_kwargs
+
+
+def _number(expr: sympy.Expr) -> Any:
+    return int(expr) if expr.is_integer else float(expr)
+
+
+def _val(v: Any) -> Any:
+    return v.meta["val"] if isinstance(v, fx.Node) else v
+
+
+_SYM_OPS: dict[Any, Callable[[Any, Any], Any]] = {
+    sympy.Add: operator.add,
+    sympy.Mul: operator.mul,
+    FloorDiv: operator.floordiv,
+    PythonMod: operator.mod,
+    sympy.Mod: operator.mod,
+}
 
 
 SpecialRule = Callable[[Tracer, Any, tuple, dict], Any]

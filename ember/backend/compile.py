@@ -20,12 +20,13 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ember import config, logs
+from ember.backend import sizes
 from ember.backend.codegen import build, cache, wrapper
 from ember.backend.codegen.cache import Artifact
 from ember.backend.codegen.cpp import kernel_source
 from ember.backend.codegen.prelude import PRELUDE
 from ember.backend.ir import printer, verifier
-from ember.backend.lowering.graph import lower
+from ember.backend.lowering.graph import lower, symbolic_value
 from ember.backend.scheduler import memory
 from ember.backend.scheduler.dependencies import eliminate_dead
 from ember.backend.scheduler.fusion import Schedule, schedule
@@ -99,7 +100,8 @@ def generate(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Artifact:
     ir_text = ""
     if _recorders or logs.enabled("schedule"):  # printing sympy indices is not free
         ir_text = printer.graph_str(g) + "\n\nschedule:\n" + schedule_str(s)
-    kernels = {name: len(p) for name, p in params.items()}
+    # per kernel its argument kinds: p (a pointer) per buffer, s (an int64) per size symbol
+    kernels = {name: "".join("p" if b in buffers else "s" for b in p) for name, p in params.items()}
     consts = dict(g.constants)
     return Artifact(build.SPLIT.join(sources), py, kernels, consts, cacheable, ir_text)
 
@@ -116,6 +118,15 @@ def _attr(gm: torch.nn.Module, target: str) -> Any:
     for part in target.split("."):
         gm = getattr(gm, part)
     return gm
+
+
+def _hints(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> dict:
+    """Example values of the size symbols of a graph with symbolic sizes (else empty)."""
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    traced = [symbolic_value(n) for n in placeholders]
+    if not any(v is not None for v in traced):
+        return {}
+    return sizes.hints_of(traced, example_inputs)
 
 
 def off_cpu(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> str | None:
@@ -148,7 +159,8 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callabl
             key = cache.graph_key(gm, example_inputs)
             art = cache.load(key)
         if art is None:
-            art = generate(gm, example_inputs)
+            with sizes.hinting(_hints(gm, example_inputs)):
+                art = generate(gm, example_inputs)
             if logs.enabled("schedule"):
                 logs.log("schedule", "%s", art.ir_text)
             if logs.enabled("kernels"):

@@ -167,7 +167,7 @@ def _layer_norm(ctx: LowerCtx, x: Value, shape, weight, bias, eps: float) -> lis
     d = list(range(len(x.size) - len(shape), len(x.size)))
     ks = _keep_size(x.size, d)
     mean, m2 = var_parts(ctx, x, d, ks, comp, True)
-    n = float(numel(x.size, d))
+    n = numel(x.size, d)
 
     def rstd_load(idx):
         var = pw.bin_(B.DIV, m2.load(idx), pw.const(n, comp))
@@ -199,7 +199,7 @@ def _layer_norm_backward(
         raise NotLowered("layer norm over every dim")
     comp = opmath(x.dtype)
     d, rows = list(range(axis, len(x.size))), list(range(axis))
-    n = pw.const(float(numel(x.size, d)), comp)
+    n = pw.const(numel(x.size, d), comp)
 
     def xhat(idx):
         k = _kept(idx, d)
@@ -255,7 +255,7 @@ def _rms_norm(ctx: LowerCtx, x: Value, shape, weight, eps) -> tuple[LazyValue, L
         eps = torch.finfo(out.torch).eps
 
     def rstd_load(idx):
-        ms = pw.bin_(B.DIV, ss.load(idx), pw.const(float(numel(x.size, d)), comp))
+        ms = pw.bin_(B.DIV, ss.load(idx), pw.const(numel(x.size, d), comp))
         return pw.un(U.RSQRT, pw.bin_(B.ADD, ms, pw.const(eps, comp)))
 
     rstd = LazyValue(ks, comp, rstd_load)

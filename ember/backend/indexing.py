@@ -8,6 +8,7 @@ keeps printing predictable and cheap.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import sympy
 
@@ -42,7 +43,7 @@ class ModIdx(sympy.Function):
 
 def strided(idx: Sequence[sympy.Expr], stride: Sequence[int], offset: int = 0) -> sympy.Expr:
     """The flat element offset of `idx` in a strided layout."""
-    terms = [sympy.Integer(offset)] if offset else []
+    terms = [sympy.sympify(offset)] if offset else []  # an int, or a symbolic offset
     terms += [i * st for i, st in zip(idx, stride) if st != 0]
     return sympy.Add(*terms) if terms else sympy.Integer(0)
 
@@ -80,6 +81,14 @@ def to_c(expr: sympy.Expr) -> str:
         return f"({to_c(expr.args[0])} / {to_c(expr.args[1])})"
     if isinstance(expr, ModIdx):
         return f"({to_c(expr.args[0])} % {to_c(expr.args[1])})"
+    if expr.is_Pow and expr.exp.is_Integer and expr.exp > 0:  # a size squared (s0**2)
+        return "(" + "*".join([to_c(expr.base)] * int(expr.exp)) + ")"
+    if isinstance(expr, sympy.Max | sympy.Min):
+        fn = "ember_imax" if isinstance(expr, sympy.Max) else "ember_imin"
+        out = to_c(expr.args[0])
+        for a in expr.args[1:]:
+            out = f"{fn}({out}, {to_c(a)})"
+        return out
     raise NotImplementedError(f"index expression {expr!r}")
 
 
@@ -125,7 +134,10 @@ def simplify(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
         return expr
     if isinstance(expr, FloorDiv | ModIdx):
         a = simplify(expr.args[0], ranges)
-        d = int(expr.args[1])
+        d = expr.args[1]
+        if not d.is_Integer:  # a symbolic divisor: only exact multiples are taken out
+            return _by_size(expr.func, a, d, ranges)
+        d = int(d)
         if isinstance(expr, FloorDiv):
             return _floordiv(a, d, ranges)
         return _mod(a, d, ranges)
@@ -142,14 +154,14 @@ def _coarse(a: sympy.Expr, d: int, ranges) -> tuple[int, sympy.Expr, sympy.Expr]
         if c <= 0 or d % c:
             continue
         big, small = _split_multiples(a, c)
-        if _max(small, ranges) < c:
+        if _below(_max(small, ranges), c):
             return c, big, small
     return 1, a, sympy.Integer(0)
 
 
 def _floordiv(a: sympy.Expr, d: int, ranges) -> sympy.Expr:
     keep, rest = _split_multiples(a, d)
-    if rest == 0 or _max(rest, ranges) < d:
+    if rest == 0 or _below(_max(rest, ranges), d):
         return keep
     c, big, _ = _coarse(rest, d, ranges)
     if c > 1:
@@ -159,12 +171,39 @@ def _floordiv(a: sympy.Expr, d: int, ranges) -> sympy.Expr:
 
 def _mod(a: sympy.Expr, d: int, ranges) -> sympy.Expr:
     _, rest = _split_multiples(a, d)
-    if _max(rest, ranges) < d:
+    if _below(_max(rest, ranges), d):
         return rest
     c, big, small = _coarse(rest, d, ranges)
     if c > 1:
         return c * _mod(big, d // c, ranges) + small
     return ModIdx(rest, d)
+
+
+def _by_size(func, a: sympy.Expr, d: sympy.Expr, ranges) -> sympy.Expr:
+    """(a / d or a % d) for a symbolic divisor d (a reshape of a dynamic dimension): terms
+    of `a` that are multiples of d leave the division, and the rest is dropped from it when
+    it provably stays below d, for every value of the size symbols (they are positive)."""
+    keep, rest = [], []
+    for term in sympy.Add.make_args(a):
+        q = term / d
+        num, den = sympy.fraction(q)
+        (keep if den == 1 and num.as_coeff_Mul()[0].is_Integer else rest).append(q)
+    below = _below(_max(sympy.Add(*rest) * d, ranges), d)
+    rest_expr = sympy.expand(sympy.Add(*rest) * d)
+    if func is FloorDiv:
+        if below:
+            return sympy.Add(*keep)
+        return sympy.Add(*keep) + func(rest_expr, d) if keep else func(a, d)
+    return rest_expr if below else func(rest_expr if keep else a, d)
+
+
+def _below(m, d) -> bool:
+    """Whether the bound m is provably smaller than d."""
+    if m == float("inf"):
+        return False
+    if isinstance(m, int) and isinstance(d, int):
+        return m < d
+    return bool(sympy.expand(d - m).is_positive)
 
 
 def _recombine(expr: sympy.Expr) -> sympy.Expr:
@@ -195,21 +234,45 @@ def _split_multiples(a: sympy.Expr, d: int) -> tuple[sympy.Expr, sympy.Expr]:
     return sympy.Add(*keep), sympy.Add(*rest)
 
 
-def _max(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> float:
-    """An upper bound of a non-negative index expression (inf when unknown)."""
+def _max(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> Any:
+    """An upper bound of a non-negative index expression (inf when unknown): an int, or a
+    sympy expression of the size symbols where ranges are symbolic."""
     if expr.is_Integer:
         return int(expr)
     if expr.is_Symbol:
-        return ranges[expr] - 1 if expr in ranges else float("inf")
+        if expr in ranges:
+            return ranges[expr] - 1
+        return expr if _is_size(expr) else float("inf")
     if expr.is_Add:
-        return sum(_max(a, ranges) for a in expr.args)
+        parts = [_max(a, ranges) for a in expr.args]
+        return float("inf") if float("inf") in parts else sum(parts)
     if expr.is_Mul:
         c, rest = expr.as_coeff_Mul()
-        if c.is_Integer and int(c) >= 0:
-            return int(c) * _max(rest, ranges)
-        return float("inf")
+        if not (c.is_Integer and int(c) >= 0):
+            return float("inf")
+        out: Any = int(c)
+        for f in sympy.Mul.make_args(rest):  # non-negative factors: bounds multiply
+            m = _max(f, ranges)
+            if m == float("inf"):
+                return m
+            out = out * m
+        return out
     if isinstance(expr, FloorDiv):
-        return _max(expr.args[0], ranges) // int(expr.args[1])
+        m, d = _max(expr.args[0], ranges), expr.args[1]
+        if m == float("inf"):
+            return m
+        return m // int(d) if d.is_Integer and isinstance(m, int) else FloorDiv(m, d)
     if isinstance(expr, ModIdx):
-        return min(int(expr.args[1]) - 1, _max(expr.args[0], ranges))
+        d = expr.args[1]
+        if d.is_Integer:
+            m = _max(expr.args[0], ranges)
+            return int(d) - 1 if m == float("inf") or not isinstance(m, int) else min(int(d) - 1, m)
+        return d - 1
     return float("inf")
+
+
+def _is_size(e: Any) -> bool:
+    """A size symbol of the graph (positive), or a product/sum of them and integers."""
+    if isinstance(e, int):
+        return True
+    return isinstance(e, sympy.Expr) and all(s.name.startswith("s") for s in e.free_symbols)

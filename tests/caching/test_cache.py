@@ -12,6 +12,7 @@ import torch
 from ember import config
 from ember.aot.program import trace_inference
 from ember.backend import compile_aten
+from ember.backend.codegen import cache
 from ember.backend.compile import stats
 from tests.caching.procs import last_line, start
 
@@ -76,4 +77,4 @@ def test_corrupt_or_truncated_entries_are_rebuilt(tmp_path):
         hits = stats["graph_cache_hits"]
         got, _ = _compiled(x)  # the rebuilt entries are valid again
         assert stats["graph_cache_hits"] == hits + 1
-        assert json.loads(graph.read_bytes().partition(b"\n")[2])["format"] == 1
+        assert json.loads(graph.read_bytes().partition(b"\n")[2])["format"] == cache.FORMAT

@@ -177,8 +177,9 @@ def _private_build(source: str) -> Path:
     return so
 
 
-def load(source: str, kernels: dict[str, int]) -> dict[str, ctypes._CFuncPtr]:
-    """Build (or reuse) and load the library; kernels: name -> number of pointer args."""
+def load(source: str, kernels: dict[str, str]) -> dict[str, ctypes._CFuncPtr]:
+    """Build (or reuse) and load the library; kernels: name -> argument kinds ("p" a
+    pointer, "s" an int64 size)."""
     so = build(source)
     try:
         lib = ctypes.CDLL(str(so))
@@ -186,9 +187,9 @@ def load(source: str, kernels: dict[str, int]) -> dict[str, ctypes._CFuncPtr]:
         so.unlink(missing_ok=True)
         lib = ctypes.CDLL(str(build(source)))
     out = {}
-    for name, n in kernels.items():
+    for name, kinds in kernels.items():
         fn = getattr(lib, name)
-        fn.argtypes = [ctypes.c_void_p] * n
+        fn.argtypes = [ctypes.c_void_p if k == "p" else ctypes.c_int64 for k in kinds]
         fn.restype = None
         out[name] = fn
     return out

@@ -20,8 +20,9 @@ import torch
 
 from ember import config, logs
 from ember.backend.codegen.build import atomic_write, compiler_id
+from ember.backend.lowering.graph import symbolic_value
 
-FORMAT = 1
+FORMAT = 2
 EMBER_VERSION = "0.1.0"
 
 
@@ -29,7 +30,7 @@ EMBER_VERSION = "0.1.0"
 class Artifact:
     cpp: str
     wrapper: str
-    kernels: dict[str, int]  # kernel name -> pointer argument count
+    kernels: dict[str, str]  # kernel name -> argument kinds: "p" pointer, "s" int64 size
     constants: dict[str, str]  # buffer name -> fx attribute of a graph constant
     cacheable: bool = True
     ir_text: str = ""  # the loop IR and schedule, for logs and tests (not cached)
@@ -59,9 +60,21 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> str:
     consts = [
         _input_meta(getattr(gm, n.target, None)) for n in gm.graph.nodes if n.op == "get_attr"
     ]
+    # a symbolic input is keyed by its symbolic layout, never by the example's sizes: one
+    # entry (one kernel library) serves every size
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    traced = [symbolic_value(n) for n in placeholders] if placeholders else []
+    inputs = [
+        f"S{tuple(v.shape)}{tuple(v.stride())}{v.dtype}"
+        if isinstance(v, torch.Tensor)
+        else f"S{v}"
+        if v is not None
+        else _input_meta(t)
+        for v, t in zip(traced or [None] * len(example_inputs), example_inputs)
+    ]
     parts = [
         gm.code,
-        "|".join(_input_meta(t) for t in example_inputs),
+        "|".join(inputs),
         "|".join(consts),
         json.dumps(cfg, sort_keys=True, default=str),
         EMBER_VERSION,
@@ -104,7 +117,7 @@ def _well_formed(data: dict) -> bool:
     return (
         isinstance(data.get("cpp"), str)
         and isinstance(data.get("wrapper"), str)
-        and str_dict(data.get("kernels"), int)
+        and str_dict(data.get("kernels"), str)
         and str_dict(data.get("constants"), str)
     )
 

@@ -12,12 +12,13 @@ import math
 
 import sympy
 
-from ember.backend import indexing
+from ember.backend import indexing, sizes
 from ember.backend.ir import nodes as ir
 from ember.backend.ir.nodes import BinaryOp as B
 from ember.backend.ir.nodes import DType, ReductionType
 from ember.backend.ir.nodes import UnaryOp as U
 from ember.backend.scheduler.fusion import Kernel, Loop, column_access
+from ember.backend.sizes import hint
 
 LANES = 16
 PARALLEL_MIN_WORK = 32768  # elements per kernel below which threads cost more than they save
@@ -166,7 +167,9 @@ class BodyPrinter:
             if not e.mask:
                 return ref
             inside = " && ".join(
-                f"{m.lo} <= {v} && {v} < {m.hi}" for m in e.mask for v in [indexing.to_c(m.value)]
+                f"{c_size(m.lo)} <= {v} && {v} < {c_size(m.hi)}"
+                for m in e.mask
+                for v in [indexing.to_c(m.value)]
             )
             return f"(({inside}) ? {ref} : {const_c(0, e.dtype)})"
         if isinstance(e, ir.IndexValue):
@@ -244,13 +247,14 @@ class KernelWriter:
         self.prefetch: list[tuple[str, sympy.Expr]] = []  # see _next_rows
 
     def params(self) -> list[str]:
-        """Buffers passed as pointers, in signature order (reads, then writes)."""
+        """Buffers passed as pointers, in signature order (reads, then writes), then the
+        size symbols the kernel's bounds and indices use (int64_t)."""
         written = sorted(n.name for n in self.k.nodes() if n.name not in self.k.local)
         read = set()
         for n in self.k.nodes():
             read |= ir.node_reads(n)
         produced = {n.name for n in self.k.nodes()}
-        return sorted(read - produced) + written
+        return sorted(read - produced) + written + kernel_sizes(self.k)
 
     def source(self) -> str:
         k = self.k
@@ -258,11 +262,14 @@ class KernelWriter:
         written = {n.name for n in k.nodes()}
         sig = []
         for b in params:
+            if b not in self.buffers:
+                sig.append(f"const int64_t {b}")  # a size symbol
+                continue
             t = STORAGE_T[self.buffers[b].dtype]
             sig.append(f"{'' if b in written else 'const '}{t}* __restrict__ {b}")
         self.lines.append(f'extern "C" void {k.name}({", ".join(sig)}) {{')
-        work = _prod(k.outer) * max([_prod(lp.inner) for lp in k.loops] + [1])
-        par = f"if({work} >= {PARALLEL_MIN_WORK})"
+        inner = max([_prod(lp.inner) for lp in k.loops] + [1], key=hint)
+        par = f"if({c_size(_prod(k.outer) * inner)} >= {PARALLEL_MIN_WORK})"
         if _column_reduction(k):
             self._columns(par)
             return "\n".join(self.lines)
@@ -281,13 +288,13 @@ class KernelWriter:
             for i, s in enumerate(k.outer):
                 if i == n - 1 and n > 1:
                     self.lines.append(f"{ind}#pragma omp simd")
-                self.lines.append(f"{ind}for (int64_t x{i} = 0; x{i} < {s}; ++x{i}) {{")
+                self.lines.append(f"{ind}for (int64_t x{i} = 0; x{i} < {c_size(s)}; ++x{i}) {{")
                 ind += "  "
         else:
             if n:
                 self.lines.append(f"{ind}#pragma omp parallel for collapse({n}) {par}")
             for i, s in enumerate(k.outer):
-                self.lines.append(f"{ind}for (int64_t x{i} = 0; x{i} < {s}; ++x{i}) {{")
+                self.lines.append(f"{ind}for (int64_t x{i} = 0; x{i} < {c_size(s)}; ++x{i}) {{")
                 ind += "  "
         scalars: dict[str, str] = {}
         self.stash, self.preset, arrays = _shared_across_loops(k)
@@ -312,7 +319,7 @@ class KernelWriter:
         if n > 1:
             self.lines.append(f"{ind}#pragma omp parallel for collapse({n - 1}) {par}")
         for i, s in enumerate(k.outer[:-1]):
-            self.lines.append(f"{ind}for (int64_t x{i} = 0; x{i} < {s}; ++x{i}) {{")
+            self.lines.append(f"{ind}for (int64_t x{i} = 0; x{i} < {c_size(s)}; ++x{i}) {{")
             ind += "  "
         self.stash, self.preset = {}, {}
         var = ir.loop_vars(n)[-1]
@@ -357,7 +364,7 @@ class KernelWriter:
         COLUMNS rows are reduced first and then combined (a two-level cascade, for accuracy)."""
         (size,), lp = self.k.outer, self.k.loops[0]
         self.stash, self.preset, self.loop_index = {}, {}, 0
-        w, rows = COLUMNS, lp.inner[0]
+        w, rows, size = COLUMNS, c_size(lp.inner[0]), c_size(size)
         out = [f"  #pragma omp parallel for {par}"]
         out.append(f"  for (int64_t xb = 0; xb < {size}; xb += {w}) {{")
         out.append(f"    const int64_t xn = {size} - xb < {w} ? {size} - xb : {w};")
@@ -479,10 +486,10 @@ class KernelWriter:
         m = len(lp.inner)
         close = 0
         for i, s in enumerate(lp.inner[:-1]):
-            self.lines.append(f"{ind}for (int64_t r{i} = 0; r{i} < {s}; ++r{i}) {{")
+            self.lines.append(f"{ind}for (int64_t r{i} = 0; r{i} < {c_size(s)}; ++r{i}) {{")
             ind += "  "
             close += 1
-        last, size = f"r{m - 1}", lp.inner[-1]
+        last, size = f"r{m - 1}", c_size(lp.inner[-1])
         if not lanes and not prefetch:
             self.lines.append(f"{ind}#pragma omp simd")
             self.lines.append(f"{ind}for (int64_t {last} = 0; {last} < {size}; ++{last}) {{")
@@ -532,10 +539,11 @@ def _inner_plan(k: Kernel) -> list[_Part] | None:
     heads x head_dim)."""
     n, size = len(k.outer), k.outer[-1]
     var = ir.loop_vars(n)[-1]
-    cuts = {0, size}
-    for node in k.nodes():
-        for ld in ir.loads(node.body):
-            cuts |= {min(max(b, 0), size) for m in ld.mask if m.value == var for b in (m.lo, m.hi)}
+    masks = [m for node in k.nodes() for ld in ir.loads(node.body) for m in ld.mask]
+    bounds = [b for m in masks if m.value == var for b in (m.lo, m.hi)]
+    if not all(isinstance(b, int) for b in (size, *bounds)):
+        return None  # cut points of symbolic sizes: one loop with masked loads
+    cuts = {0, size} | {min(max(b, 0), size) for b in bounds}
     edges = sorted(cuts)
     plan = []
     for lo, hi in zip(edges, edges[1:]):
@@ -550,7 +558,10 @@ MIN_SPLIT = 16  # smallest inner block worth a loop of its own (one AVX-512 vect
 def _blocked(nodes: list, var, lo: int, hi: int, outer: tuple[int, ...]) -> _Part:
     """The part [lo, hi) in blocks of d when that turns every div/mod of `var` in the nodes'
     loads into plain block and lane indices; else unsplit (block 1)."""
-    divisors = {int(f.args[1]) for f in _divmods(nodes) if f.args[0].has(var)}
+    found = [f.args[1] for f in _divmods(nodes) if f.args[0].has(var)]
+    if not all(d.is_Integer for d in found):
+        return _Part(lo, hi, 1, nodes)  # a symbolic divisor: one plain loop
+    divisors = {int(d) for d in found}
     d = min(divisors, default=1)
     if d < MIN_SPLIT or (hi - lo) % d or any(x % d for x in divisors):
         return _Part(lo, hi, 1, nodes)
@@ -672,10 +683,14 @@ def _shared_across_loops(k: Kernel):
     arrays: list[tuple[DType, str, int]] = []
     subs = [_subexprs(lp) for lp in loops]
     for j, lp in enumerate(loops):
-        if len(lp.inner) != 1 or lp.inner[0] > MAX_SCRATCH:
+        if len(lp.inner) != 1:
             continue
+        # a row of symbolic length is kept only in the output row, never on the stack
+        scratch = isinstance(lp.inner[0], int) and lp.inner[0] <= MAX_SCRATCH
         own = lp.nodes[0] if len(lp.nodes) == 1 else None
         in_output = isinstance(own, ir.Pointwise) and own.name not in k.local
+        if not (scratch or in_output):
+            continue
         for i in range(j):
             if loops[i].inner != lp.inner:
                 continue
@@ -688,6 +703,8 @@ def _shared_across_loops(k: Kernel):
                 if in_output and own.dtype == e.dtype:
                     ref = f"{own.name}[{indexing.to_c(own.index)}]"
                     in_output = False
+                elif not scratch:
+                    continue
                 else:
                     name = f"scratch{len(arrays)}"
                     arrays.append((e.dtype, name, lp.inner[0]))
@@ -726,12 +743,35 @@ def _next_rows(k: Kernel, buffers: dict[str, ir.Buffer]) -> list[tuple[str, symp
                 continue
             rows[ld.buffer] = ld.index.subs(x, x + 1)
     size = _prod(k.outer) * first.inner[0]
-    if sum(size * buffers[b].dtype.itemsize for b in rows) < PREFETCH_MIN_BYTES:
+    # symbolic sizes: prefetch (a hint is one size of many; rows served dynamically are
+    # typically large, and a prefetch of small rows costs a few instructions per row)
+    if (
+        isinstance(size, int)
+        and sum(size * buffers[b].dtype.itemsize for b in rows) < PREFETCH_MIN_BYTES
+    ):
         return []
     return sorted(rows.items())
 
 
+def c_size(v: ir.Size) -> str:
+    """C source of a size (a size symbol is an argument of the kernel)."""
+    return str(v) if isinstance(v, int) else indexing.to_c(v)
+
+
+def kernel_sizes(k: Kernel) -> list[str]:
+    """Names of the size symbols a kernel needs, sorted (they follow its pointers)."""
+    found = sizes.symbols(k.outer, *(lp.inner for lp in k.loops))
+    for n in k.nodes():
+        found |= sizes.symbols(n.index)
+        for e in ir.walk(n.body):
+            if isinstance(e, ir.Load):
+                found |= sizes.symbols(e.index, *((m.value, m.lo, m.hi) for m in e.mask))
+            elif isinstance(e, ir.IndexValue):
+                found |= sizes.symbols(e.index)
+    return sorted(s.name for s in found)
+
+
 def kernel_source(k: Kernel, buffers: dict[str, ir.Buffer]) -> tuple[str, list[str]]:
-    """(C++ text of the kernel function, its pointer parameters in order)."""
+    """(C++ text of the kernel function, its parameters in order: pointers, then sizes)."""
     w = KernelWriter(k, buffers)
     return w.source(), w.params()

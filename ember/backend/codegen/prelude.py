@@ -35,6 +35,8 @@ EMBER_NAN_MAXMIN(float)
 EMBER_NAN_MAXMIN(double)
 template <typename T> static inline T ember_max(T a, T b) { return a > b ? a : b; }
 template <typename T> static inline T ember_min(T a, T b) { return a < b ? a : b; }
+static inline int64_t ember_imax(int64_t a, int64_t b) { return a > b ? a : b; }
+static inline int64_t ember_imin(int64_t a, int64_t b) { return a < b ? a : b; }
 
 static inline float ember_exp_reduced(float xc, int32_t* k) {
   /* e^xc = 2^k * e^r with xc = k ln2 + r, |r| <= ln2 / 2; returns e^r (a polynomial). k is

@@ -11,12 +11,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import sympy
 import torch
 
+from ember.backend import sizes
 from ember.backend.ir import nodes as ir
 from ember.backend.ir.nodes import DType, Layout
 from ember.backend.scheduler.fusion import Kernel, Schedule
 from ember.backend.scheduler.memory import Plan
+from ember.backend.sizes import py_tuple
 
 # library ops called through their torch function (cheaper than an OpOverload call)
 _FAST = {
@@ -36,6 +39,8 @@ def _torch_dtype(d: Any) -> torch.dtype:
 
 
 def literal(v: Any) -> str:
+    if isinstance(v, sympy.Expr):
+        return sizes.py(v)  # a size computed from the call's size symbols
     if v is None or isinstance(v, bool | int | str):
         return repr(v)
     if isinstance(v, float):
@@ -66,8 +71,9 @@ class _Writer:
         v = self.var[buf]
         if self.actual.get(v) == lay and (lay.offset == 0):
             return v
-        off = f"{v}.storage_offset() + {lay.offset}" if v in self.relative else str(lay.offset)
-        return f"_as({v}, {tuple(lay.size)}, {tuple(lay.stride)}, {off})"
+        offset = sizes.py(lay.offset)
+        off = f"{v}.storage_offset() + {offset}" if v in self.relative else offset
+        return f"_as({v}, {py_tuple(lay.size)}, {py_tuple(lay.stride)}, {off})"
 
     def arg(self, a: Any) -> str:
         if isinstance(a, ir.TensorArg):
@@ -90,13 +96,15 @@ class _Writer:
             lay, dt = buf.layout, _torch_dtype(buf.dtype)
             if lay == Layout.contiguous(lay.size):
                 # ints parse faster than a tuple
-                dims = "".join(f"{d}, " for d in lay.size) if lay.size else "(), "
+                dims = "".join(f"{sizes.py(d)}, " for d in lay.size) if lay.size else "(), "
                 self.body.append(f"    {b} = _empty({dims}dtype={dt})")
             else:
-                size, stride = tuple(lay.size), tuple(lay.stride)
+                size, stride = py_tuple(lay.size), py_tuple(lay.stride)
                 self.body.append(f"    {b} = _empty_strided({size}, {stride}, dtype={dt})")
             self.var[b], self.actual[b] = b, lay
-        ptrs = ", ".join(f"{self.var[b]}.data_ptr()" for b in self.params[k.name])
+        ptrs = ", ".join(
+            f"{self.var[b]}.data_ptr()" if b in self.buffers else b for b in self.params[k.name]
+        )
         self.body.append(f"    _{k.name}({ptrs})")
 
     def extern(self, i: int, n: ir.ExternCall) -> None:
@@ -115,7 +123,8 @@ class _Writer:
         for b in n.outputs:
             lay = self.buffers[b].layout
             if fix:
-                self.body.append(f"    {b} = _fix({b}, {tuple(lay.size)}, {tuple(lay.stride)})")
+                size, stride = py_tuple(lay.size), py_tuple(lay.stride)
+                self.body.append(f"    {b} = _fix({b}, {size}, {stride})")
             self.var[b], self.actual[b] = b, lay
             self.relative.add(b)
 
@@ -133,10 +142,15 @@ class _Writer:
             dead = [b for b in self.plan.frees[i] if b not in pooled and self.var.get(b) == b]
             if dead:
                 self.body.append(f"    del {', '.join(dead)}")
-        outs = [("None" if o is None else self.view(o.buffer, o.layout)) for o in g.outputs]
+        outs = [
+            self.view(o.buffer, o.layout) if isinstance(o, ir.Output) else literal(o)
+            for o in g.outputs
+        ]
         self.body.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
         consts = {name for name, _ in g.constants}
-        params = [b.name for b in g.inputs if b.name not in consts]
+        params = list(g.params) or [b.name for b in g.inputs if b.name not in consts]
+        # each size symbol read from the call's inputs (see sizes.sources)
+        self.body[:0] = [f"    {sym.name} = {src}" for sym, src in g.symbols]
         # call_boxed takes the list of inputs and empties it, so each input is freed at its
         # last use (the aot runtime's boxed convention, used for backward graphs)
         unpack = f"    {', '.join(params)}{',' if len(params) == 1 else ''} = args"
@@ -150,6 +164,8 @@ class _Writer:
 
 
 def _op_source(op: Any) -> str:
+    if not isinstance(op, torch._ops.OpOverload):  # a runtime helper of ember's (a function)
+        return f"__import__({op.__module__!r}, fromlist=['_']).{op.__name__}"
     ns, rest = str(op).split(".", 1)
     name, overload = rest.rsplit(".", 1) if "." in rest else (rest, "default")
     return f"getattr(getattr(torch.ops.{ns}, {name!r}), {overload!r})"

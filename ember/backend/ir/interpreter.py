@@ -196,5 +196,6 @@ def run(g: ir.LoopGraph, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor | 
         else:
             _extern(n, storage, buffers)
     return [
-        None if o is None else _view(storage, ir.TensorArg(o.buffer, o.layout)) for o in g.outputs
+        _view(storage, ir.TensorArg(o.buffer, o.layout)) if isinstance(o, ir.Output) else o
+        for o in g.outputs
     ]

@@ -150,13 +150,17 @@ class ExternKind(enum.Enum):
 # ---------------------------------------------------------------- value expressions
 
 
+Size = int | sympy.Expr
+"""A size, stride or offset: an int, or an expression of the graph's size symbols."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Mask:
     """lo <= value < hi, for an index expression `value`: where a masked load reads."""
 
     value: sympy.Expr
-    lo: int
-    hi: int
+    lo: Size
+    hi: Size
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -253,32 +257,33 @@ def loads(expr: Expr) -> list[Load]:
 class Layout:
     """A strided view of a buffer's storage, in elements."""
 
-    size: tuple[int, ...]
-    stride: tuple[int, ...]
-    offset: int = 0
+    size: tuple[Size, ...]
+    stride: tuple[Size, ...]
+    offset: Size = 0
 
     @staticmethod
-    def contiguous(size: tuple[int, ...]) -> Layout:
+    def contiguous(size: tuple[Size, ...]) -> Layout:
         return Layout(tuple(size), contiguous_strides(size), 0)
 
-    def numel(self) -> int:
+    def numel(self) -> Size:
         n = 1
         for s in self.size:
             n *= s
         return n
 
-    def storage_numel(self) -> int:
+    def storage_numel(self) -> Size:
         """Elements the storage needs so that every element of the view is in bounds."""
         if any(s == 0 for s in self.size):
             return 0
         return self.offset + 1 + sum((s - 1) * st for s, st in zip(self.size, self.stride))
 
 
-def contiguous_strides(size: tuple[int, ...]) -> tuple[int, ...]:
-    strides, acc = [], 1
+def contiguous_strides(size: tuple[Size, ...]) -> tuple[Size, ...]:
+    strides: list[Size] = []
+    acc: Size = 1
     for s in reversed(size):
         strides.append(acc)
-        acc *= max(s, 1)
+        acc *= max(s, 1) if isinstance(s, int) else s  # a size symbol is positive
     return tuple(reversed(strides))
 
 
@@ -296,7 +301,7 @@ class Pointwise:
     """For every point of `ranges` (vars x0..), store `body` at `index` of buffer `name`."""
 
     name: str
-    ranges: tuple[int, ...]
+    ranges: tuple[Size, ...]
     body: Expr
     index: sympy.Expr
     dtype: DType
@@ -307,8 +312,8 @@ class Reduction:
     """For every point of `ranges`, reduce `body` over `reduction_ranges` (vars r0..)."""
 
     name: str
-    ranges: tuple[int, ...]
-    reduction_ranges: tuple[int, ...]
+    ranges: tuple[Size, ...]
+    reduction_ranges: tuple[Size, ...]
     reduction_type: ReductionType
     body: Expr
     index: sympy.Expr
@@ -348,14 +353,23 @@ class Output:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class LoopGraph:
-    """`inputs` are the graph's arguments, then its tensor constants; `constants` maps the
-    latter's buffer names to the fx attribute holding them (bound when the wrapper loads)."""
+    """`inputs` are the graph's tensor arguments, then its tensor constants; `constants` maps
+    the latter's buffer names to the fx attribute holding them (bound when the wrapper
+    loads). With symbolic sizes, `params` lists the wrapper's parameters in the graph's
+    order (tensor inputs and int inputs; empty: the tensor inputs), `symbols` where the
+    wrapper reads each size symbol, and an output may be a size (a forward graph hands its
+    backward the sizes it needs)."""
 
     inputs: tuple[Buffer, ...]
     buffers: tuple[Buffer, ...]
     nodes: tuple[Node, ...]
-    outputs: tuple[Output | None, ...]
+    outputs: tuple[Output | Size | None, ...]
     constants: tuple[tuple[str, str], ...] = ()
+    params: tuple[str, ...] = ()
+    symbols: tuple[tuple[sympy.Symbol, str], ...] = ()
+
+    def buffer_outputs(self) -> list[Output]:
+        return [o for o in self.outputs if isinstance(o, Output)]
 
     def buffer_map(self) -> dict[str, Buffer]:
         return {b.name: b for b in self.inputs + self.buffers}

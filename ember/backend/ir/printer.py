@@ -56,12 +56,15 @@ def node_str(n: ir.Node) -> str:
 
 
 def graph_str(g: ir.LoopGraph) -> str:
-    lines = []
+    lines = [f"size {sym} = {src}" for sym, src in g.symbols]
     for b in g.inputs:
         lines.append(f"input {b.name}: {_dtype(b.dtype)} {_layout(b.layout)}")
     for b in g.buffers:
         lines.append(f"buffer {b.name}: {_dtype(b.dtype)} {_layout(b.layout)}")
     lines += [node_str(n) for n in g.nodes]
-    outs = ["None" if o is None else f"{o.buffer}<{_layout(o.layout)}>" for o in g.outputs]
+    outs = [
+        f"{o.buffer}<{_layout(o.layout)}>" if isinstance(o, ir.Output) else str(o)
+        for o in g.outputs
+    ]
     lines.append("return " + ", ".join(outs))
     return "\n".join(lines)

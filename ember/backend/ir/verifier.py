@@ -37,13 +37,14 @@ def verify(g: ir.LoopGraph) -> ir.LoopGraph:
     if len(buffers) != len(g.inputs) + len(g.buffers):
         raise IRError("duplicate buffer names")
     defined = {b.name: b for b in g.inputs}
+    sizes = {sym.name for sym, _ in g.symbols}  # size symbols may appear in any index
     for n in g.nodes:
         if isinstance(n, ir.ExternCall):
             for name in ir.node_reads(n):
                 if name not in defined:
                     raise IRError(f"extern {n.op} reads undefined buffer {name}")
         else:
-            xs = {f"x{i}" for i in range(len(n.ranges))}
+            xs = {f"x{i}" for i in range(len(n.ranges))} | sizes
             rs = (
                 {f"r{i}" for i in range(len(n.reduction_ranges))}
                 if isinstance(n, ir.Reduction)
@@ -60,7 +61,7 @@ def verify(g: ir.LoopGraph) -> ir.LoopGraph:
             if name not in buffers:
                 raise IRError(f"node writes undeclared buffer {name}")
             defined[name] = buffers[name]
-    for o in g.outputs:
-        if o is not None and o.buffer not in defined:
+    for o in g.buffer_outputs():
+        if o.buffer not in defined:
             raise IRError(f"output {o.buffer} is never written")
     return g

@@ -15,6 +15,7 @@ from ember.backend.ir import nodes as ir
 from ember.backend.ir.nodes import DType, ExternKind, Layout
 from ember.backend.lowering.registry import LowerCtx, register
 from ember.backend.lowering.values import BufferValue, LazyValue
+from ember.backend.sizes import exprs_of
 
 aten = torch.ops.aten
 
@@ -63,8 +64,8 @@ def extern(ctx: LowerCtx, op: Any, args: tuple, kwargs: dict, kind: ExternKind) 
     names = tuple(ctx.builder.new_name() for _ in leaves)
     layouts, dtypes, values = [], [], {}
     for name, (path, m) in zip(names, leaves):
-        size = tuple(int(s) for s in m.shape)
-        layout = Layout(size, tuple(int(s) for s in m.stride()), 0)
+        size = exprs_of(m.shape)
+        layout = Layout(size, exprs_of(m.stride()), 0)
         dtype = DType.of(m.dtype) or m.dtype
         layouts.append(layout)
         dtypes.append(dtype)

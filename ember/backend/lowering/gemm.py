@@ -23,6 +23,7 @@ from ember.backend.ir.nodes import DType, ExternKind, Layout
 from ember.backend.lowering.fallback import extern
 from ember.backend.lowering.registry import LowerCtx
 from ember.backend.lowering.values import BufferValue, Value
+from ember.backend.sizes import exprs_of
 
 aten = torch.ops.aten
 
@@ -35,6 +36,9 @@ def gemm(ctx: LowerCtx, a: Value, b: Value, bias: Value | None = None) -> Any:
     """`a @ b (+ bias)` as a library call: oneDNN's linear when `b` is a transposed
     row-major weight and oneDNN is measurably faster for this shape, else torch.mm/addmm."""
     weight = _weight(a, b, bias)
+    if weight is not None and not isinstance(a.size[0], int):
+        # a dynamic batch: chosen per size bucket at run time (linear_by_size)
+        return extern(ctx, linear_by_size, (a, weight, bias), {}, ExternKind.LIBRARY)
     if weight is not None and _onednn_faster(*a.size, b.size[1], bias is not None):
         op = torch.ops.mkldnn._linear_pointwise.default
         return extern(ctx, op, (a, weight, bias, "none", [], ""), {}, ExternKind.LIBRARY)
@@ -71,7 +75,7 @@ def _read_transposed(node: torch.fx.Node) -> bool:
     through reshapes that keep those dims, like a batch split into batch x heads) that ends,
     through more views, in a copy to a fresh contiguous tensor (clone, cat): that copy walks
     the transposed layout. (A pointwise reader instead keeps eager's transposed strides.)"""
-    rows_cols = tuple(node.meta["val"].shape[-2:])
+    rows_cols = exprs_of(node.meta["val"].shape[-2:])
     transposed = False
     while len(node.users) == 1:
         (user,) = node.users
@@ -90,7 +94,7 @@ def _read_transposed(node: torch.fx.Node) -> bool:
             elif user.target is aten.permute.default:
                 transposed = [d % n for d in user.args[1]][-2:] == [n - 1, n - 2]
             if not transposed and not (
-                user.target in RESHAPES and tuple(meta.shape[-2:]) == rows_cols
+                user.target in RESHAPES and exprs_of(meta.shape[-2:]) == rows_cols
             ):
                 return False
         node = user
@@ -105,7 +109,9 @@ def _weight(a: Value, b: Value, bias: Value | None) -> BufferValue | None:
     if not isinstance(b, BufferValue) or len(a.size) != 2 or len(b.size) != 2:
         return None
     (m, k), n = a.size, b.size[1]
-    if 2 * m * k * n < MIN_FLOPS or b.layout.stride != (1, k):
+    if not (isinstance(k, int) and isinstance(n, int)) or b.layout.stride != (1, k):
+        return None  # the weight's sizes are static; a dynamic batch is chosen at run time
+    if isinstance(m, int) and 2 * m * k * n < MIN_FLOPS:
         return None
     if isinstance(a, BufferValue) and a.layout.stride != (k, 1):
         return None
@@ -114,6 +120,25 @@ def _weight(a: Value, b: Value, bias: Value | None) -> BufferValue | None:
     ):
         return None
     return BufferValue((n, k), b.dtype, b.buffer, Layout((n, k), (k, 1), b.layout.offset))
+
+
+_BY_BUCKET: dict[tuple[int, int, int, bool], bool] = {}
+
+
+def linear_by_size(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """x @ w.t() (+ b) for a batch whose size varies (called from generated wrappers): oneDNN
+    or torch.mm/addmm, decided once per power-of-two bucket of the batch (timed at the first
+    size met in the bucket), never again per size."""
+    m, (n, k) = x.shape[0], w.shape
+    key = (m.bit_length(), k, n, b is not None)
+    onednn = _BY_BUCKET.get(key)
+    if onednn is None:
+        onednn = _BY_BUCKET[key] = 2 * m * k * n >= MIN_FLOPS and _onednn_faster(
+            m, k, n, b is not None
+        )
+    if onednn:
+        return torch.ops.mkldnn._linear_pointwise.default(x, w, b, "none", [], "")
+    return torch.mm(x, w.t()) if b is None else torch.addmm(b, x, w.t())
 
 
 @functools.cache

@@ -7,15 +7,17 @@ recompute expensively are realized; outputs are realized with eager's strides.
 
 from __future__ import annotations
 
-import math
 import operator
 from typing import Any
 
 import torch
 
-from ember.backend import decompose  # noqa: F401  (registers the decompositions)
+from ember.backend import (
+    decompose,  # noqa: F401  (registers the decompositions)
+    sizes,
+)
 from ember.backend.ir import nodes as ir
-from ember.backend.ir.nodes import DType
+from ember.backend.ir.nodes import DType, Size
 from ember.backend.lowering import (  # noqa: F401  (registers lowerings)
     fallback,
     pointwise,
@@ -29,6 +31,7 @@ from ember.backend.lowering.values import (
     LazyValue,
     expr_size,
 )
+from ember.backend.sizes import expr_of, exprs_of, hint, hint_prod, is_static, same, sources
 
 MAX_INLINE = 48  # expression nodes above which a value with several users is materialized
 MAX_READS = 4  # distinct buffers read above which a value with several users is materialized
@@ -93,7 +96,7 @@ def _maybe_realize(builder: GraphBuilder, node: torch.fx.Node, value: Any) -> An
         many_users = len(node.users) > 1
         if size > 4 * MAX_INLINE or (many_users and (size > MAX_INLINE or reads >= MAX_READS)):
             return builder.realize(value)
-        if costly and _broadcast(node, math.prod(value.size)):
+        if costly and _broadcast(node, hint_prod(value.size)):
             return builder.realize(value)
         if _read_from_memory(node):
             return builder.realize(value, _eager_stride(node.meta.get("val")))
@@ -112,7 +115,7 @@ def _broadcast(node: torch.fx.Node, numel: int) -> bool:
             continue
         val = user.meta.get("val")
         elementwise = torch.Tag.pointwise in getattr(user.target, "tags", ())
-        if elementwise and isinstance(val, torch.Tensor) and val.numel() > numel:
+        if elementwise and isinstance(val, torch.Tensor) and hint_prod(exprs_of(val.shape)) > numel:
             return True
     return False
 
@@ -157,15 +160,15 @@ def _gemm_operand(node: torch.fx.Node, user: torch.fx.Node) -> bool:
     return True
 
 
-def _eager_stride(meta: Any) -> tuple[int, ...] | None:
+def _eager_stride(meta: Any) -> tuple[Size, ...] | None:
     if isinstance(meta, torch.Tensor) and _dense(meta):
-        return tuple(int(s) for s in meta.stride())
+        return exprs_of(meta.stride())
     return None
 
 
-def _output(builder: GraphBuilder, value: Any, meta: Any) -> ir.Output | None:
-    if value is None:
-        return None
+def _output(builder: GraphBuilder, value: Any, meta: Any) -> ir.Output | Size | None:
+    if value is None or not isinstance(value, BufferValue | LazyValue):
+        return value  # None, or a size (a forward graph returns those its backward needs)
     if isinstance(value, LazyValue):
         value = builder.realize(value, _eager_stride(meta))
     return ir.Output(value.buffer, value.layout)
@@ -173,10 +176,11 @@ def _output(builder: GraphBuilder, value: Any, meta: Any) -> ir.Output | None:
 
 def _dense(t: torch.Tensor) -> bool:
     """Whether strides are a permutation of contiguous ones (safe to store with them)."""
-    pairs = sorted((st, s) for s, st in zip(t.shape, t.stride()) if s != 1)
-    acc = 1
+    pairs = [(st, s) for s, st in zip(exprs_of(t.shape), exprs_of(t.stride())) if s != 1]
+    pairs.sort(key=lambda p: hint(p[0]))
+    acc: Size = 1
     for st, s in pairs:
-        if st != acc:
+        if not same(st, acc):
             return False
         acc *= s
     return True
@@ -189,17 +193,27 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> ir.LoopGraph:
     inputs = iter(example_inputs)
     n_in = 0
     constants: list[tuple[str, str]] = []
-    outputs: tuple[ir.Output | None, ...] = ()
+    outputs: tuple[Any, ...] = ()
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    params = tuple(f"in{i}" for i in range(len(placeholders)))
+    traced = [symbolic_value(n) for n in placeholders]
+    symbols = sources(traced, params) if any(v is not None for v in traced) else {}
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             t = next(inputs)
-            env[node] = _input(builder, f"in{n_in}", t)
+            value = traced[n_in]
+            if isinstance(value, torch.SymInt):
+                env[node] = expr_of(value)
+            else:
+                env[node] = _input(builder, f"in{n_in}", value if value is not None else t)
             n_in += 1
         elif node.op == "get_attr":
             t = _fetch_attr(gm, node.target)
             name = f"const{len(constants)}"
             env[node] = _input(builder, name, t)
             constants.append((name, node.target))
+        elif node.op == "call_function" and isinstance(node.meta.get("val"), torch.SymInt):
+            env[node] = expr_of(node.meta["val"])  # size arithmetic: its expression
         elif node.op == "call_function":
             if node.target is operator.getitem:
                 value = env[node.args[0]][node.args[1]]
@@ -213,13 +227,34 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> ir.LoopGraph:
             outputs = tuple(_output(builder, _map(o, env), m) for o, m in zip(outs, metas))
         else:
             raise NotLowered(f"fx node kind {node.op}")
+    used = sizes.symbols(*[o for o in outputs if not isinstance(o, ir.Output)])
+    for b in (*builder.inputs, *builder.buffers):
+        used |= sizes.symbols(b.layout.size, b.layout.stride, b.layout.offset)
+    missing = used - set(symbols)
+    if missing:
+        raise NotLowered(f"sizes {sorted(map(str, missing))} are not sizes of any input")
     return ir.LoopGraph(
         tuple(builder.inputs),
         tuple(builder.buffers),
         tuple(builder.nodes),
         outputs,
         tuple(constants),
+        params if symbols else (),
+        tuple(sorted(symbols.items(), key=lambda kv: kv[0].name)),
     )
+
+
+def symbolic_value(node: torch.fx.Node) -> Any:
+    """A placeholder's traced value when it is symbolic (a SymInt, a tensor with symbolic
+    sizes), else None (its example input says everything)."""
+    val = node.meta.get("val")
+    if isinstance(val, torch.SymInt):
+        return val
+    if isinstance(val, torch.Tensor):
+        dims = (*val.shape, *val.stride(), val.storage_offset())
+        if any(isinstance(s, torch.SymInt) and not is_static(expr_of(s)) for s in dims):
+            return val
+    return None
 
 
 def _fetch_attr(gm: torch.nn.Module, target: str) -> Any:
@@ -230,7 +265,9 @@ def _fetch_attr(gm: torch.nn.Module, target: str) -> Any:
 
 
 def _input(builder: GraphBuilder, name: str, t: Any) -> Any:
+    """A tensor input (its layout from the example, or from the traced value when that is
+    symbolic)."""
     if not isinstance(t, torch.Tensor):
         raise NotLowered(f"non-tensor graph input {type(t).__name__}")
     dtype = DType.of(t.dtype) or t.dtype
-    return builder.add_input(name, tuple(t.shape), tuple(t.stride()), dtype)
+    return builder.add_input(name, exprs_of(t.shape), exprs_of(t.stride()), dtype)

@@ -21,13 +21,18 @@ from ember.backend.ir.nodes import DType, Expr
 from ember.backend.ir.nodes import UnaryOp as U
 from ember.backend.lowering.registry import LowerCtx, NotLowered, opmath, register
 from ember.backend.lowering.values import BufferValue, LazyValue, Value, cast
+from ember.backend.sizes import hints
 
 aten = torch.ops.aten
 
 # ------------------------------------------------------------------ expression helpers
 
 
-def const(value: Any, dtype: DType) -> ir.Const:
+def const(value: Any, dtype: DType) -> Expr:
+    """A constant; a symbolic size (an element count a mean divides by) is computed from
+    the kernel's size arguments."""
+    if isinstance(value, sympy.Expr) and not value.is_number:
+        return cast(ir.IndexValue(value, DType.I64), dtype)
     if dtype.is_float:
         return ir.Const(float(value), dtype)
     if dtype == DType.BOOL:
@@ -67,6 +72,8 @@ def operand(a: Any, idx, size, dtype: DType | None) -> Expr:
         if dtype is None:
             dtype = DType.BOOL if isinstance(a, bool) else DType.F64
         return const(a, dtype)
+    if isinstance(a, sympy.Expr):  # a symbolic size used as a number (x / x.size(0))
+        return const(a, dtype or DType.I64)
     raise NotLowered(f"operand {type(a).__name__}")
 
 
@@ -92,7 +99,11 @@ def pointwise(
 def promoted(*args: Any) -> DType:
     """Eager's result type of the operands (tensors by dtype and rank, scalars by kind)."""
     metas = [
-        torch.empty(a.size, dtype=a.dtype.torch, device="meta") if hasattr(a, "size") else a
+        torch.empty(hints(a.size), dtype=a.dtype.torch, device="meta")
+        if isinstance(a, BufferValue | LazyValue)
+        else 1
+        if isinstance(a, sympy.Expr)
+        else a
         for a in args
     ]
     d = DType.of(torch.result_type(*metas))
@@ -456,7 +467,7 @@ def _cat(ctx: LowerCtx, tensors, dim: int = 0) -> LazyValue:
             continue  # the legacy empty 1-d tensor cat accepts beside any shape
         if not isinstance(t.dtype, DType) or len(t.size) != len(size):
             raise NotLowered("cat operand")
-        if t.size[d]:
+        if not isinstance(t.size[d], int) or t.size[d]:
             pieces.append((t, lo, lo + t.size[d]))
         lo += t.size[d]
 
@@ -498,8 +509,10 @@ def _zeros_ones_like(ctx: LowerCtx, x, **_: Any) -> LazyValue:
 
 @register(aten.arange.start_step, aten.arange.start, aten.arange.default)
 def _arange(ctx: LowerCtx, *args, **kwargs: Any) -> LazyValue:
-    nums = [a for a in args if isinstance(a, int | float)]
+    nums = [a for a in args if isinstance(a, int | float | sympy.Expr)]
     start, step = (0, 1) if len(nums) == 1 else (nums[0], nums[2] if len(nums) > 2 else 1)
+    if isinstance(start, sympy.Expr) or isinstance(step, sympy.Expr):
+        raise NotLowered("arange with a symbolic start or step")
     out, size = ctx.out_dtype, ctx.out_size
     comp = DType.F64 if out.is_float else DType.I64
 

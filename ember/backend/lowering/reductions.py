@@ -53,12 +53,12 @@ def numel(size: Sequence[int], dims: Sequence[int]) -> int:
     return n
 
 
-def scale(v: Value, n: float, dtype: DType) -> LazyValue:
+def scale(v: Value, n: Any, dtype: DType) -> LazyValue:
     """`v / n` as a lazy value (a mean is a sum over n), inlined into its consumers."""
     comp = opmath(dtype)
 
     def load(idx):
-        return cast(bin_(B.DIV, cast(v.load(idx), comp), const(float(n), comp)), dtype)
+        return cast(bin_(B.DIV, cast(v.load(idx), comp), const(n, comp)), dtype)
 
     return LazyValue(v.size, dtype, load)
 
@@ -141,7 +141,8 @@ def _var(ctx: LowerCtx, x: Value, dims=None, *args: Any, **kwargs: Any) -> Value
     correction, keepdim = _var_args(ctx, args, kwargs)
     d = norm_dims(dims, len(x.size))
     _, m2 = var_parts(ctx, x, d, ctx.out_size, out, keepdim)
-    return scale(m2, max(numel(x.size, d) - correction, 0), out)
+    n = numel(x.size, d) - correction
+    return scale(m2, max(n, 0) if isinstance(n, int | float) else n, out)
 
 
 def _var_args(ctx: LowerCtx, args, kwargs) -> tuple[float, bool]:

@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
-from ember.backend.ir.nodes import DType
+from ember.backend.ir.nodes import DType, Size
 from ember.backend.lowering.values import GraphBuilder
+from ember.backend.sizes import exprs_of
 
 Lowering = Callable[..., Any]
 LOWERINGS: dict[Any, Lowering] = {}
@@ -38,8 +39,8 @@ class LowerCtx:
         return d
 
     @property
-    def out_size(self) -> tuple[int, ...]:
-        return tuple(int(s) for s in self.meta.shape)
+    def out_size(self) -> tuple[Size, ...]:
+        return exprs_of(self.meta.shape)
 
 
 def register(*ops: Any) -> Callable[[Lowering], Lowering]:

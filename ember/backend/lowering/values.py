@@ -18,6 +18,7 @@ import sympy
 from ember.backend import indexing
 from ember.backend.ir import nodes as ir
 from ember.backend.ir.nodes import DType, Expr, Layout
+from ember.backend.sizes import hint
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -112,7 +113,13 @@ class GraphBuilder:
         layout = Layout.contiguous(out_size)
         index = indexing.strided(out_idx, layout.stride)
         name = self.new_name()
-        if not ranges and _numel(rranges) >= SPLIT_MIN and _numel(rranges) % SPLIT_PARTS == 0:
+        static = all(isinstance(r, int) for r in rranges)
+        if (
+            static
+            and not ranges
+            and _numel(rranges) >= SPLIT_MIN
+            and _numel(rranges) % SPLIT_PARTS == 0
+        ):
             body, rranges = self._split(body, rranges, rtype, acc_dtype)
         self.nodes.append(ir.Reduction(name, ranges, rranges, rtype, body, index, dtype))
         self.buffers.append(ir.Buffer(name, layout, dtype))
@@ -180,7 +187,7 @@ def iteration(
     memory order (largest stride first) so that the innermost loop walks contiguous memory."""
     dims = [d for d, s in enumerate(size) if s != 1]
     if stride is not None:
-        dims.sort(key=lambda d: -stride[d])
+        dims.sort(key=lambda d: -hint(stride[d]))  # loop order: speed only
     idx: list[sympy.Expr] = [sympy.Integer(0)] * len(size)
     for k, d in enumerate(dims):
         idx[d] = sympy.Symbol(f"x{k}", integer=True, nonnegative=True)
@@ -217,7 +224,8 @@ def _masked_simplifier(masks: tuple[ir.Mask, ...], env: dict):
     local, shift, back = dict(env), {}, {}
     for m in masks:
         v = m.value
-        if isinstance(v, sympy.Symbol) and v in env and v not in shift:
+        static = all(isinstance(b, int) for b in (m.lo, m.hi, env.get(v, 0)))
+        if static and isinstance(v, sympy.Symbol) and v in env and v not in shift:
             fresh = sympy.Symbol(f"{v.name}_m", integer=True, nonnegative=True)
             shift[v], back[fresh] = fresh + m.lo, v - m.lo
             local[fresh] = min(m.hi, env[v]) - m.lo

@@ -15,9 +15,10 @@ import sympy
 import torch
 
 from ember.backend import indexing
-from ember.backend.ir.nodes import Layout
-from ember.backend.lowering.registry import LowerCtx, register
+from ember.backend.ir.nodes import Layout, Size
+from ember.backend.lowering.registry import LowerCtx, NotLowered, register
 from ember.backend.lowering.values import BufferValue, LazyValue, Value
+from ember.backend.sizes import expr_of, exprs_of, same
 
 aten = torch.ops.aten
 
@@ -41,9 +42,37 @@ def remap(v: Value, size: Sequence[int], fn: Callable[[list], list]) -> LazyValu
     return LazyValue(tuple(size), v.dtype, lambda idx: v.load(fn(list(idx))))
 
 
+def _static(x: BufferValue, out: Sequence[Any]) -> bool:
+    lay = x.layout
+    return all(isinstance(v, int) for v in (*lay.size, *lay.stride, lay.offset, *out))
+
+
+def traced_view(ctx: LowerCtx, x: BufferValue) -> BufferValue | None:
+    """A view of a buffer with symbolic sizes: the layout the trace recorded for the view's
+    result, when the buffer holds the view's input in the layout the trace recorded for it
+    (torch's own stride rules, already applied symbolically); else None."""
+    src = ctx.node.args[0].meta.get("val") if ctx.node.args else None
+    out = ctx.meta
+    if not isinstance(src, torch.Tensor) or not isinstance(out, torch.Tensor):
+        return None
+    lay = x.layout
+    size, stride = exprs_of(src.shape), exprs_of(src.stride())
+    if len(size) != len(lay.size) or not all(
+        same(a, b) for a, b in zip((*size, *stride), (*lay.size, *lay.stride))
+    ):
+        return None
+    shift = expr_of(out.storage_offset()) - expr_of(src.storage_offset())
+    new = Layout(exprs_of(out.shape), exprs_of(out.stride()), lay.offset + shift)
+    return BufferValue(new.size, x.dtype, x.buffer, new)
+
+
 def _view(ctx: LowerCtx, x: Value, fn: Callable[[torch.Tensor], torch.Tensor], lazy):
     if isinstance(x, BufferValue):
-        return meta_view(x, fn)
+        if _static(x, ctx.out_size):
+            return meta_view(x, fn)
+        traced = traced_view(ctx, x)
+        if traced is not None:
+            return traced
     return remap(x, ctx.out_size, lazy)
 
 
@@ -109,12 +138,16 @@ def _unit_reshape(x: Value, out: tuple[int, ...]) -> Callable[[list], list] | No
     return lazy
 
 
-def reshape(ctx: LowerCtx, x: Value, out: tuple[int, ...]) -> Value:
-    if isinstance(x, BufferValue):
+def reshape(ctx: LowerCtx, x: Value, out: tuple[Size, ...]) -> Value:
+    if isinstance(x, BufferValue) and _static(x, out):
         try:
             return meta_view(x, lambda t: t.view(out))
         except RuntimeError:
             pass
+    elif isinstance(x, BufferValue):
+        traced = traced_view(ctx, x)
+        if traced is not None:
+            return traced
     unit = _unit_reshape(x, out)
     if unit is not None:
         return remap(x, out, unit)
@@ -150,9 +183,14 @@ def _slice(ctx: LowerCtx, x: Value, dim=0, start=None, end=None, step=1) -> Valu
     dim %= n
     size = x.size[dim]
     start = 0 if start is None else start
-    if start < 0:
-        start += size
-    start = min(max(start, 0), size)
+    if isinstance(start, int) and isinstance(size, int):
+        if start < 0:
+            start += size
+        start = min(max(start, 0), size)
+    elif isinstance(start, int) and start < 0:
+        start += size  # the trace guarded |start| <= size (eager's clamp did not apply)
+    elif not (isinstance(start, int) or start.is_nonnegative):
+        raise NotLowered(f"slice start {start}")
 
     def lazy(idx):
         old = list(idx)
@@ -165,11 +203,11 @@ def _slice(ctx: LowerCtx, x: Value, dim=0, start=None, end=None, step=1) -> Valu
 @register(aten.select.int)
 def _select(ctx: LowerCtx, x: Value, dim: int, index: int) -> Value:
     dim %= len(x.size)
-    if index < 0:
+    if isinstance(index, int) and index < 0:
         index += x.size[dim]
 
     def lazy(idx):
-        return list(idx[:dim]) + [sympy.Integer(index)] + list(idx[dim:])
+        return list(idx[:dim]) + [sympy.sympify(index)] + list(idx[dim:])
 
     return _view(ctx, x, lambda t: t.select(dim, index), lazy)
 
@@ -177,11 +215,9 @@ def _select(ctx: LowerCtx, x: Value, dim: int, index: int) -> Value:
 @register(aten.split.Tensor, aten.split_with_sizes.default)
 def _split(ctx: LowerCtx, x: Value, sizes, dim=0) -> list[Value]:
     dim %= len(x.size)
-    if isinstance(sizes, int):
-        total, sizes = x.size[dim], [sizes] * -(-x.size[dim] // max(sizes, 1))
-        sizes[-1] = total - sizes[0] * (len(sizes) - 1)
     out, start = [], 0
-    for part, m in zip(sizes, ctx.meta):
+    for m in ctx.meta:
+        part = expr_of(m.shape[dim])
         sub = LowerCtx(ctx.builder, m, ctx.node)
         out.append(_slice(sub, x, dim, start, start + part, 1))
         start += part

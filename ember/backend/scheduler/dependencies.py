@@ -12,7 +12,7 @@ from ember.backend.ir import nodes as ir
 
 
 def output_buffers(g: ir.LoopGraph) -> set[str]:
-    return {o.buffer for o in g.outputs if o is not None}
+    return {o.buffer for o in g.buffer_outputs()}
 
 
 def readers(g: ir.LoopGraph) -> dict[str, list[int]]:

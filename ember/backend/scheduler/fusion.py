@@ -20,6 +20,7 @@ import sympy
 from ember.backend import indexing
 from ember.backend.ir import nodes as ir
 from ember.backend.scheduler.dependencies import output_buffers
+from ember.backend.sizes import same
 
 MAX_KERNEL_NODES = 24
 
@@ -68,10 +69,12 @@ def _rebase(node, outer: tuple[int, ...]):
     None otherwise. Kernel variables: x0.. over `outer`, r0.. over the inner ranges."""
     ranges = node.ranges
     target, acc, m = _prod(outer), 1, 0
-    while m < len(ranges) and acc < target:
+    # ranges are >= 2 (or size symbols, >= 2 too): the product grows with each dimension,
+    # so the first prefix whose product equals the outer space's is the only candidate
+    while m < len(ranges) and not same(acc, target):
         acc *= ranges[m]
         m += 1
-    if acc != target or (isinstance(node, ir.Reduction) and m != len(ranges)):
+    if not same(acc, target) or (isinstance(node, ir.Reduction) and m != len(ranges)):
         return None
     inner = node.reduction_ranges if isinstance(node, ir.Reduction) else ranges[m:]
     if isinstance(node, ir.Pointwise) and m == len(ranges) and tuple(ranges) == tuple(outer):
@@ -93,7 +96,20 @@ def _rebase(node, outer: tuple[int, ...]):
         return indexing.simplify(index.xreplace(sub), env)
 
     body = ir.map_loads(node.body, lambda ld: ir.reindex(ld, fix), fix)
-    return dataclasses.replace(node, body=body, index=fix(node.index)), inner
+    index = fix(node.index)
+    if _divides_by_size(index, *(ld.index for ld in ir.loads(body))):
+        return None  # a division by a symbolic size per element costs more than a kernel
+    return dataclasses.replace(node, body=body, index=index), inner
+
+
+def _divides_by_size(*indices: sympy.Expr) -> bool:
+    """Whether an index divides by a symbolic size (a remapping that the index algebra
+    could not take apart, e.g. (8, 4, 64, s) read in the order of (8, 4, s, 64))."""
+    return any(
+        not f.args[1].is_Integer
+        for index in indices
+        for f in index.atoms(indexing.FloorDiv, indexing.ModIdx)
+    )
 
 
 def _signature(node: ir.Pointwise | ir.Reduction) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -135,7 +151,7 @@ class _Builder:
 
     def _resplit(self, outer: tuple[int, ...], inner: tuple[int, ...]) -> bool:
         """Re-read a pure pointwise kernel over the same space as outer x inner."""
-        if any(lp[0] for lp in self.loops) or _prod(self.outer) != _prod(outer + inner):
+        if any(lp[0] for lp in self.loops) or not same(_prod(self.outer), _prod(outer + inner)):
             return False
         rebased = [[_rebase(n, outer) for n in lp[1]] for lp in self.loops]
         if any(r is None or r[1] != inner for lp in rebased for r in lp):

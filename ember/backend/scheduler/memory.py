@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import sympy
+
 from ember.backend.ir import nodes as ir
 from ember.backend.scheduler.dependencies import output_buffers
 from ember.backend.scheduler.fusion import Kernel, Schedule
+from ember.backend.sizes import hint
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -46,9 +49,10 @@ def step_reads(step) -> set[str]:
 
 
 def nbytes(b: ir.Buffer) -> int:
-    """Bytes of a buffer's storage."""
+    """Bytes of a buffer's storage (at the example sizes, where they are symbolic: the
+    peak estimates only decide which reuses to make, never whether one is valid)."""
     dtype = b.dtype.torch if isinstance(b.dtype, ir.DType) else b.dtype
-    return b.layout.storage_numel() * dtype.itemsize
+    return hint(b.layout.storage_numel()) * dtype.itemsize
 
 
 def plan(s: Schedule) -> Plan:
@@ -153,4 +157,7 @@ def _in_place(k: Kernel, out: str, dying: list[str], buffers: dict[str, ir.Buffe
 
 
 def _key(b: ir.Buffer) -> tuple:
-    return (b.layout.storage_numel(), b.dtype)
+    """Buffers that may share storage: the same dtype and the same number of elements for
+    every value of the size symbols."""
+    n = b.layout.storage_numel()
+    return (n if isinstance(n, int) else sympy.expand(n), b.dtype)
