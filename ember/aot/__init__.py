@@ -29,6 +29,7 @@ import torch.fx as fx
 
 from ember import logs
 from ember.aot.eager_runner import eager_compile_aten
+from ember.aot.higher_order import compile_with_cond, has_cond
 from ember.aot.program import (
     Program,
     check_input_aliasing,
@@ -144,7 +145,10 @@ def _log_graph(kind: str, program: Program) -> None:
 def aot_compile(
     gm: torch.nn.Module, example_inputs: Sequence[Any], compile_aten: CompileAten
 ) -> Callable[..., Any]:
-    """Compile a torch-level graph for the grad mode of the example inputs (others lazily)."""
+    """Compile a torch-level graph for the grad mode of the example inputs (others lazily).
+    A graph with torch.cond nodes is compiled in segments around them (aot/higher_order.py)."""
+    if has_cond(gm):
+        return compile_with_cond(gm, lambda segment: AotFunction(segment, compile_aten))
     fn = AotFunction(gm, compile_aten)
     fn.runtime_for(list(example_inputs))
     return fn
