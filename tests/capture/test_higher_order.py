@@ -421,3 +421,8 @@ def test_compiled_function_called_inside_an_eager_transform_runs_as_written():
     x = torch.randn(3, 4)
     assert_same(torch.vmap(compiled)(x), x.sin() * 2)
     assert_same(torch.func.grad(lambda r: compiled(r).sum())(x), 2 * x.cos())
+
+
+def test_inductor_behind_ember_gets_its_own_checkpoint_op():
+    """Backend "inductor" (PyTorch's) receives tag_activation_checkpoint, which it knows."""
+    train_check(p_checkpoint, leaf_tensors((4, 4), (4, 4)), backend="inductor", dynamo=False)
