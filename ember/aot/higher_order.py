@@ -1,6 +1,7 @@
 """Higher-order nodes of a torch-level graph (ember/higher_order.py) in ember's aot stage.
 
-- checkpoint: the body is traced inline, and every aten node it records is tagged with the
+- checkpoint (ember's node, or PyTorch's tag_activation_checkpoint that Dynamo makes): the
+  body is traced inline, and every aten node it records is tagged with the
   region (`node.meta["recompute_region"]`); the partitioner then saves no value from inside the
   region for the backward (only what enters it, and what leaves it for the rest of the
   forward) and computes the region again in the backward, just before its gradients. Random
@@ -27,6 +28,8 @@ from ember.aot.trace import TraceError, Tracer
 from ember.errors import BreakReason
 
 _COND = torch.ops.higher_order.cond
+_CHECKPOINTS = (higher_order.checkpoint, torch.ops.higher_order.tag_activation_checkpoint)
+"""ember's checkpoint node, and PyTorch's (what Dynamo's capture makes): the same meaning."""
 
 
 def _nodes_calling(gm: Any, target: Any) -> list[fx.Node]:
@@ -44,7 +47,7 @@ class _Inliner(fx.Interpreter):
         self.tracer = tracer
 
     def call_function(self, target: Any, args: tuple, kwargs: dict) -> Any:
-        if target is higher_order.checkpoint:
+        if target in _CHECKPOINTS:
             body, *operands = args
             with self.tracer.recompute_region():
                 return tuple(run_graph(body, operands, self.tracer))
@@ -58,7 +61,7 @@ class _Inliner(fx.Interpreter):
 
 def run_graph(gm: Any, args: Sequence[Any], tracer: Tracer) -> Any:
     """`gm(*args)` while tracing, with checkpointed bodies inlined as recompute regions."""
-    if not _nodes_calling(gm, higher_order.checkpoint) and not _nodes_calling(gm, _COND):
+    if not any(_nodes_calling(gm, t) for t in (*_CHECKPOINTS, _COND)):
         return gm(*args)
     return _Inliner(gm, tracer).run(*args)
 

@@ -426,3 +426,24 @@ def test_compiled_function_called_inside_an_eager_transform_runs_as_written():
 def test_inductor_behind_ember_gets_its_own_checkpoint_op():
     """Backend "inductor" (PyTorch's) receives tag_activation_checkpoint, which it knows."""
     train_check(p_checkpoint, leaf_tensors((4, 4), (4, 4)), backend="inductor", dynamo=False)
+
+
+@pytest.mark.parametrize("fn", [p_checkpoint, p_checkpoint_dropout], ids=["plain", "dropout"])
+def test_dynamos_checkpoint_op_through_embers_aot(fn):
+    """torch.compile(backend=ember.aot.aot_eager): Dynamo's tag_activation_checkpoint is
+    recomputed by ember's aot like ember's own node, random draws included."""
+    import ember.aot
+
+    make = leaf_tensors((8, 8), (8, 8))
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=ember.aot.aot_eager)
+    for seed in range(2):
+        results = []
+        for f in (fn, compiled):
+            x, w = make()
+            torch.manual_seed(seed)
+            out = f(x, w)
+            out.sum().backward()
+            results.append((out, x.grad, w.grad))
+        assert_same(results[1], results[0])
+    torch._dynamo.reset()
