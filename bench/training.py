@@ -19,6 +19,7 @@ else `ember.aot.aot_eager`; the output says which, both behind Dynamo's capture.
 with PyTorch's kernels running the aten graphs (what the aot stage alone costs or saves).
 
     .venv/bin/python bench/training.py [--repeats 11] [--workloads mlp,transformer] [--threads 1]
+    .venv/bin/python bench/training.py --workloads blocks,blocks_ckpt   # checkpointing
     .venv/bin/python bench/training.py --first-step     # cold and warm first steps
 """
 
@@ -46,6 +47,7 @@ if (
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+import torch.utils.checkpoint  # noqa: E402
 from torch import nn  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -82,10 +84,34 @@ class Block(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
 
+class Blocks(nn.Module):
+    """Four transformer blocks; with `checkpointed`, each runs under
+    torch.utils.checkpoint (use_reentrant=False): its activations are computed again in
+    the backward instead of kept."""
+
+    def __init__(self, checkpointed: bool = False, n: int = 4) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block() for _ in range(n))
+        self.checkpointed = checkpointed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            if self.checkpointed:
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        return x
+
+
 WORKLOADS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
     "mlp": (MLP, (256, 1024)),
     "transformer": (Block, (8, 128, 256)),
+    "blocks": (Blocks, (8, 128, 256)),
+    "blocks_ckpt": (lambda: Blocks(checkpointed=True), (8, 128, 256)),
 }
+CHECKPOINTED = {"blocks_ckpt": "blocks"}
+"""Checkpointed workloads and their plain twins: the goal is a peak at most 0.6x the
+plain step's and a step time within 1.4x (issue 17)."""
 
 
 def ember_backend() -> tuple[Callable, str]:
@@ -353,6 +379,14 @@ def main() -> None:
                 f"{row[f'{v}_first_s']:8.2f} {row[f'{v}_saved_MB']:8.1f} {peak:8.1f} "
                 f"{row[f'{v}_maxdiff']:8.1e} {row[f'{v}_other_cpu']:6.0%}"
             )
+    by_name = {row["workload"]: row for row in rows}
+    for ckpt, plain in CHECKPOINTED.items():
+        if ckpt in by_name and plain in by_name:
+            print(f"# {ckpt} / {plain}: peak memory and step time of the checkpointed step")
+            for v in VARIANTS:
+                a, b = by_name[ckpt], by_name[plain]
+                peak = a.get(f"{v}_peak_MB", float("nan")) / b.get(f"{v}_peak_MB", float("nan"))
+                print(f"#   {v:14} peak {peak:5.2f}x   time {a[f'{v}_ms'] / b[f'{v}_ms']:5.2f}x")
     print(json.dumps(rows))
 
 

@@ -23,7 +23,10 @@ from ember.capture.frame import capture_call
 from ember.capture.values.compiler import is_disabled
 from ember.capture.values.meta import clear_cache as clear_meta_cache
 from ember.capture.values.modules import has_hooks
+from ember.distributed import call_with_compiled_forward, wrapped_module
 from ember.errors import BreakReason, Unsupported
+
+functorch_active = torch._C._are_functorch_transforms_active
 
 
 class CompileOptions:
@@ -118,6 +121,10 @@ def compile_function(fn: Callable[..., Any], opts: CompileOptions) -> Callable[.
 
     @functools.wraps(original)
     def compiled(*args: Any, **kwargs: Any) -> Any:
+        if functorch_active():
+            # inside an eager torch.func transform the tensors are its wrappers, which
+            # neither the guards nor compiled code know: the function runs as written
+            return original(*args, **kwargs)
         grad_mode = torch.is_grad_enabled()
         try:
             for entry in entries:
@@ -147,8 +154,10 @@ class CompiledModule(torch.nn.Module):
     def __init__(self, mod: torch.nn.Module, opts: CompileOptions) -> None:
         super().__init__()
         self._orig_mod = mod
-        self._compiled_forward = compile_function(type(mod).forward, opts)
+        inner = wrapped_module(mod)  # DDP's module, or an FSDP2 module's own forward
+        self._compiled_forward = compile_function(type(inner or mod).forward, opts)
         self._compiled_call = compile_function(_call_module, opts)
+        self._runs_in_python = inner is not None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """The original module's call: its hooks, and global ones, run once, inside. Hooks
@@ -165,6 +174,8 @@ class CompiledModule(torch.nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         mod = self._orig_mod
+        if self._runs_in_python:  # DDP's forward, FSDP's hooks: in Python, around ours
+            return call_with_compiled_forward(mod, self._compiled_forward, args, kwargs)
         if has_hooks(mod):  # the hooks are traced with the call, as Dynamo does
             return self._compiled_call(mod, *args, **kwargs)
         return self._compiled_forward(mod, *args, **kwargs)
@@ -176,7 +187,7 @@ class CompiledModule(torch.nn.Module):
 
     def __setattr__(self, name: str, value: Any) -> None:
         if (
-            name in ("_orig_mod", "_compiled_forward", "_compiled_call")
+            name in ("_orig_mod", "_compiled_forward", "_compiled_call", "_runs_in_python")
             or name.startswith("_")
             and name in self.__dict__
         ):

@@ -34,6 +34,9 @@ class Config:
     strict: bool = False
     """Raise instead of running a graph as aten ops when the backend fails (EMBER_STRICT=1;
     the test suite sets it, so a silent fallback cannot pass a test)."""
+    optimize_ddp: bool = True
+    """Split graphs captured inside DDP's forward at its gradient buckets, so all-reduces
+    overlap the backward (EMBER_OPTIMIZE_DDP=0: one graph, all-reduces after it)."""
 
 
 def _flag(value: str) -> bool:
@@ -47,6 +50,7 @@ _ENV = {
     "verbose_errors": ("EMBER_VERBOSE", _flag),
     "cpu_isa": ("EMBER_CPU_ISA", str),
     "strict": ("EMBER_STRICT", _flag),
+    "optimize_ddp": ("EMBER_OPTIMIZE_DDP", _flag),
 }
 
 

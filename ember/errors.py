@@ -27,6 +27,7 @@ class BreakReason(enum.Enum):
     DATA_DEPENDENT_OP = "operation whose output shape depends on tensor values"
     RECOMPILE_LIMIT = "the function was captured again too many times"
     FORCED = "a graph break the program asks for (torch._dynamo.graph_break())"
+    HIGHER_ORDER_OP = "a higher-order op whose function ember cannot capture as one node"
 
 
 class Unsupported(Exception):

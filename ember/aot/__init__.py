@@ -29,6 +29,7 @@ import torch.fx as fx
 
 from ember import config, logs
 from ember.aot.eager_runner import eager_compile_aten
+from ember.aot.higher_order import compile_with_cond, has_cond
 from ember.aot.program import (
     Program,
     backend_examples,
@@ -39,7 +40,7 @@ from ember.aot.program import (
     trace_inference,
 )
 from ember.aot.runtime import InferenceRuntime
-from ember.aot.symbolic import hint, symbolic_inputs
+from ember.aot.symbolic import hint, placeholder_value, symbolic_inputs
 from ember.aot.trace import TraceError
 
 CompileAten = Callable[[fx.GraphModule, list[torch.Tensor]], Callable[..., Sequence[Any]]]
@@ -174,10 +175,19 @@ def _log_graph(kind: str, program: Program) -> None:
         logs.log("aot", "%s graph:\n%s", kind, program.gm.print_readable(print_output=False))
 
 
+def _segment_function(segment: fx.GraphModule, compile_aten: CompileAten) -> AotFunction:
+    """A segment of a graph split around cond nodes: symbolic where its inputs are."""
+    examples = [placeholder_value(n) for n in segment.graph.find_nodes(op="placeholder")]
+    return AotFunction(segment, compile_aten, symbolic_inputs(segment, examples))
+
+
 def aot_compile(
     gm: torch.nn.Module, example_inputs: Sequence[Any], compile_aten: CompileAten
 ) -> Callable[..., Any]:
-    """Compile a torch-level graph for the grad mode of the example inputs (others lazily)."""
+    """Compile a torch-level graph for the grad mode of the example inputs (others lazily).
+    A graph with torch.cond nodes is compiled in segments around them (aot/higher_order.py)."""
+    if has_cond(gm):
+        return compile_with_cond(gm, lambda segment: _segment_function(segment, compile_aten))
     fn = AotFunction(gm, compile_aten, symbolic_inputs(gm, example_inputs))
     fn.runtime_for([hint(a) for a in example_inputs])
     return fn

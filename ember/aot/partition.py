@@ -121,7 +121,8 @@ def _is_random(node: fx.Node) -> bool:
 
 
 def recomputable(node: fx.Node) -> bool:
-    """May the backward compute this value again instead of loading it?"""
+    """May the backward compute this value again instead of loading it? Any op of a
+    checkpointed region may (the user asked for it), but a random one."""
     if node.op == "get_attr":
         return True
     if node.op != "call_function":
@@ -131,7 +132,14 @@ def recomputable(node: fx.Node) -> bool:
     t = node.target
     if not isinstance(t, torch._ops.OpOverload) or _is_random(node):
         return False
+    if _region(node) is not None:
+        return True
     return torch.Tag.pointwise in t.tags or is_view_op(t) or t in _CHEAP
+
+
+def _region(node: fx.Node) -> int | None:
+    """The checkpointed region that recorded the node (aot/higher_order.py), if any."""
+    return node.meta.get("recompute_region")
 
 
 def _ancestors(roots: Iterable[fx.Node]) -> set[fx.Node]:
@@ -165,6 +173,23 @@ class _Analysis:
         self.fw_required = _ancestors(self.fwd_outs)
         self.bw_required = _ancestors(self.grads)
         self.grad_set = {g for g in self.grads if isinstance(g, fx.Node)}
+        self.fwd_out_set = {o for o in self.fwd_outs if isinstance(o, fx.Node)}
+        self.has_regions = any(_region(n) is not None for n in self.graph.nodes)
+
+    def leaves_region(self, n: fx.Node) -> bool:
+        """A value of a checkpointed region that the rest of the forward reads (or returns):
+        saved when the backward needs it, as eager's checkpoint keeps it (recomputing it
+        would recompute every region before it, from the first one's input)."""
+        region = _region(n)
+        return region is not None and (
+            n in self.fwd_out_set
+            or any(u in self.fw_required and _region(u) != region for u in n.users)
+        )
+
+    def must_recompute(self, n: fx.Node) -> bool:
+        """A value inside a checkpointed region that nothing after the region reads in the
+        forward: the backward computes it again, never loads it."""
+        return _region(n) is not None and recomputable(n) and not self.leaves_region(n)
 
     def bw_readers(self, n: fx.Node) -> bool:
         """True when a backward node (or a gradient output) reads n directly."""
@@ -191,8 +216,10 @@ class _Analysis:
             cost = _nbytes(n)
             if n.op == "call_function" and isinstance(n.meta.get("val"), torch.Tensor):
                 cost = _nbytes(_storage_root(n))
+            if self.must_recompute(n):
+                cost = math.inf
             g.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=cost)
-            must_run_forward = n.op == "placeholder" or _is_random(n)
+            must_run_forward = n.op == "placeholder" or _is_random(n) or self.leaves_region(n)
             if not recomputable(n) and (n in self.fw_required or n.op != "call_function"):
                 must_run_forward = True
             if n.target is operator.getitem and not recomputable(n):
@@ -294,7 +321,8 @@ def _split(
     # tangents stay alive in autograd's engine, inputs (and views of them) in the caller:
     # neither is released
     pinned = _of_inputs(saved) | {n.name for n in a.tangents}
-    return forward, reorder_for_memory(backward, pinned), saved
+    lazy = frozenset(n.name for n in recomputed) if a.has_regions else frozenset()
+    return forward, reorder_for_memory(backward, pinned, lazy), saved
 
 
 def _of_inputs(saved: list[fx.Node]) -> set[str]:
@@ -349,7 +377,11 @@ def _save_free_recomputations(
         for n in backward.nodes
         if n.op == "call_function" and n.target in _COSTLY and n.name in names
     ]
-    recomputed = [n for n in recomputed if n not in a.tangent_dep and _nbytes(n) >= MIN_SAVE_BYTES]
+    recomputed = [
+        n
+        for n in recomputed
+        if n not in a.tangent_dep and _nbytes(n) >= MIN_SAVE_BYTES and _region(n) is None
+    ]
     recomputed.sort(key=_nbytes, reverse=True)
     for node in recomputed[:MAX_SAVE_TRIALS]:
         trial = _split(joint, a, [*saved, node], as_module=False)

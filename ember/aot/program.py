@@ -24,6 +24,7 @@ import torch.fx as fx
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from ember.aot.functionalize import ViewStep
+from ember.aot.higher_order import run_graph
 from ember.aot.symbolic import SizeBinder, is_symbolic, meta_like, symbolic_tensor
 from ember.aot.trace import TraceError, Tracer, check_functional
 from ember.errors import BreakReason
@@ -280,7 +281,7 @@ def run_forward(
     """Trace gm's forward; fill the output specs; returns the graph's user outputs (fakes)."""
     n_user = len(fakes) - len(program.state)
     with swapped_state(program.state, fakes[n_user:]), tracer.recording():
-        result = gm(*call_args)
+        result = run_graph(gm, call_args, tracer)
     leaves, program.out_tree = tree_flatten(result)
     graph_outs: list[torch.Tensor] = []
     program.specs = [_output_spec(tracer, leaf, fakes, graph_outs) for leaf in leaves]

@@ -94,11 +94,17 @@ def _graph(gm: fx.GraphModule | fx.Graph) -> fx.Graph:
     return gm.graph if isinstance(gm, fx.GraphModule) else gm
 
 
-def reorder_for_memory(gm: GraphLike, pinned_names: set[str]) -> GraphLike:
+def reorder_for_memory(
+    gm: GraphLike, pinned_names: set[str], lazy_names: frozenset[str] = frozenset()
+) -> GraphLike:
     """Greedy low-peak order of gm's ops (see module docstring); gm's semantics unchanged.
     Takes and returns a GraphModule, or a bare Graph (cheap: no code generation), as the
-    partitioner's trial splits use."""
+    partitioner's trial splits use. Nodes named in `lazy_names` (a checkpointed region's
+    recomputation) take no part in the greedy choice: each runs just before the first node
+    that needs it, so a region is computed again only when its gradients are next (chosen
+    one by one, the cheap first ops of every region would all run at the start)."""
     nodes = list(_graph(gm).nodes)
+    lazy = {n for n in nodes if n.name in lazy_names}
     body = [n for n in nodes if n.op not in ("placeholder", "output", "get_attr")]
     if len(body) > MAX_NODES or any(
         isinstance(n.target, torch._ops.OpOverload)
@@ -109,7 +115,8 @@ def reorder_for_memory(gm: GraphLike, pinned_names: set[str]) -> GraphLike:
     pinned = {n for n in nodes if n.op == "placeholder" and n.name in pinned_names}
     mem = _Memory(nodes, pinned)
     position = {n: i for i, n in enumerate(nodes)}
-    done = {n for n in nodes if n.op in ("placeholder", "get_attr")}
+    done = {n for n in nodes if n.op in ("placeholder", "get_attr")} | lazy
+    body = [n for n in body if n not in lazy]
     waiting = {n: sum(1 for i in n.all_input_nodes if i not in done) for n in body}
     ready = [n for n in body if waiting[n] == 0]
     order: list[fx.Node] = []
@@ -131,10 +138,25 @@ def reorder_for_memory(gm: GraphLike, pinned_names: set[str]) -> GraphLike:
         if n.op in ("placeholder", "get_attr"):
             env[n] = graph.node_copy(n, lambda x: env[x])
     for n in order:
-        env[n] = graph.node_copy(n, lambda x: env[x])
+        _copy_with_lazy_inputs(graph, n, env)
     out = nodes[-1]
-    env[out] = graph.node_copy(out, lambda x: env[x])
+    _copy_with_lazy_inputs(graph, out, env)
     return fx.GraphModule(gm, graph) if isinstance(gm, fx.GraphModule) else graph
+
+
+def _copy_with_lazy_inputs(graph: fx.Graph, node: fx.Node, env: dict[fx.Node, fx.Node]) -> None:
+    """Copy `node` into `graph`, preceded by the inputs not copied yet (lazy ones), each
+    after its own inputs."""
+    stack = [node]
+    while stack:
+        top = stack[-1]
+        missing = [i for i in top.all_input_nodes if i not in env]
+        if missing:
+            stack.extend(reversed(missing))
+            continue
+        stack.pop()
+        if top not in env:
+            env[top] = graph.node_copy(top, lambda x: env[x])
 
 
 def peak_bytes(

@@ -19,6 +19,7 @@ tensors that show up (constants of the traced program) become `get_attr` constan
 from __future__ import annotations
 
 import contextlib
+import itertools
 import operator
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -127,11 +128,25 @@ class Tracer:
         # size symbol can be read (a SymInt input, or a size/stride of a tensor input)
         self._sym_nodes: dict[sympy.Expr, fx.Node] = {}
         self._sym_sources: dict[sympy.Symbol, tuple[Any, fx.Node, int, Any]] = {}
+        self._region: int | None = None
+        self._regions = itertools.count()
+
+    @contextlib.contextmanager
+    def recompute_region(self) -> Iterator[None]:
+        """Nodes recorded inside are tagged `meta["recompute_region"]` with the region's number:
+        a checkpointed body (aot/higher_order.py), which the partitioner recomputes."""
+        outer, self._region = self._region, next(self._regions)
+        try:
+            yield
+        finally:
+            self._region = outer
 
     # -- the Emitter protocol used by functionalize --------------------------------------------
     def emit(self, func: Any, args: tuple, kwargs: dict, val: Any) -> fx.Node:
         node = self.graph.call_function(func, args, kwargs)
         node.meta["val"] = val
+        if self._region is not None:
+            node.meta["recompute_region"] = self._region
         return node
 
     def fake(self, node: fx.Node) -> torch.Tensor:

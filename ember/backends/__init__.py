@@ -19,7 +19,7 @@ _LAZY: dict[str, str] = {
     "eager": "ember.backends:eager",
     "aot_eager": "ember.aot:aot_eager",
     "ember": "ember.backend:compile_graph",
-    "inductor": "torch._inductor.compile_fx:compile_fx",
+    "inductor": "ember.higher_order:for_inductor",
 }
 _loaded: dict[str, Backend] = {}
 

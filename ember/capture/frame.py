@@ -42,6 +42,7 @@ from ember.capture.resume import (
 from ember.capture.translator import CaptureContext, RestartCapture, root_translator
 from ember.capture.values.iterators import settle_iterators
 from ember.capture.values.objects import CellValue
+from ember.distributed import active_ddp, split_at_buckets
 from ember.errors import BackendCompilerFailed, Unsupported
 
 _counter = itertools.count()
@@ -97,7 +98,7 @@ def capture_call(
         compiled_name = f"__compiled_fn_{next(_counter)}"
         if logs.enabled("graph_code"):
             logs.log("graph_code", "TRACED GRAPH %s\n%s", compiled_name, graph_code(graph))
-        compiled = _call_backend(backend, graph, harvest.example_inputs)
+        compiled = _compile_graph(backend, graph, harvest.example_inputs)
         fn.__globals__[compiled_name] = compiled
     if brk is None:
         changed = mode_at_break if mode_at_break != grad_mode else None
@@ -116,7 +117,10 @@ def capture_call(
             wrap,
             mode_at_break if mode_at_break != grad_mode else None,
         )
-        code = build_break_replacement(fn.__code__, compiled_name, harvest, ctx.effects, site)
+        try:
+            code = build_break_replacement(fn.__code__, compiled_name, harvest, ctx.effects, site)
+        except Unsupported as exc:  # the break's own reason first: it is what to change
+            raise _runs_eagerly(brk.reason, f"and at the break, {exc.detail}") from exc
     guard = build_guard_function(ctx.guards, fn)
     if logs.enabled("guards"):
         logs.log("guards", "GUARDS for %s\n%s", fn.__qualname__, guard.source_text)
@@ -265,6 +269,17 @@ def _depth_limited(compiled: Callable[..., Any], plain: Callable[..., Any]) -> C
 
     call.__wrapped__ = compiled
     return call
+
+
+def _compile_graph(
+    backend: Callable[..., Any], gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]
+) -> Callable[..., Any]:
+    """The backend's compiled graph; inside DDP's forward, in parts at its gradient buckets
+    (ember/distributed.py), each compiled by the backend."""
+    ddp = active_ddp()
+    if ddp is None:
+        return _call_backend(backend, gm, example_inputs)
+    return split_at_buckets(gm, example_inputs, ddp, functools.partial(_call_backend, backend))
 
 
 def _call_backend(

@@ -15,6 +15,7 @@ import torch
 
 from ember.capture.guards import GuardKind, GuardSet
 from ember.capture.sources import Source
+from ember.capture.subgraph import module_with
 from ember.capture.values.tensor import TensorValue
 from ember.meta import to_meta
 
@@ -53,6 +54,8 @@ class OutputGraph:
         self._inputs: dict[Source, GraphInput] = {}
         self._by_tensor: dict[int, GraphInput] = {}
         self._last_placeholder: torch.fx.Node | None = None
+        self.submodules: dict[str, torch.fx.GraphModule] = {}
+        """The bodies of higher-order ops (capture/subgraph.py), by attribute name."""
 
     def graph_input(self, source: Source, real: torch.Tensor) -> TensorValue:
         """The symbolic tensor for a tensor reached through `source` (a placeholder)."""
@@ -92,6 +95,10 @@ class OutputGraph:
         if not node.users:
             self.graph.erase_node(node)
 
+    def check_writes(self, written: list[TensorValue]) -> None:
+        """An op wrote these tensors in place: always allowed here (a body refuses it for
+        tensors from outside it, capture/subgraph.py)."""
+
     def harvest(self, outputs: list[TensorValue]) -> Harvest:
         """Finish the graph: outputs as a tuple, unused inputs dropped."""
         output_index: dict[torch.fx.Node, int] = {}
@@ -107,5 +114,5 @@ class OutputGraph:
                 inputs.append(entry)
             else:
                 self.graph.erase_node(entry.value.node)
-        gm = torch.fx.GraphModule(torch.nn.Module(), self.graph)
+        gm = torch.fx.GraphModule(module_with(self.submodules), self.graph)
         return Harvest(gm, inputs, output_index)

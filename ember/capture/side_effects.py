@@ -8,10 +8,13 @@ capture need no entry: their state is their Value, rebuilt if they escape.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ember import logs
-from ember.capture.values.base import Value
+from ember.capture.values.base import Value, next_serial
+from ember.errors import BreakReason, Unsupported
 
 if TYPE_CHECKING:
     from ember.capture.codegen import Emitter
@@ -39,18 +42,49 @@ class SideEffects:
         self.advances = 0
         """Counts every recorded mutation, also of objects made during capture, so a graph
         break can tell whether a failed instruction had already changed Python state."""
+        self._fence: tuple[int, str] | None = None
 
-    def touch(self) -> None:
+    @contextlib.contextmanager
+    def fence(self, what: str) -> Iterator[None]:
+        """While a higher-order op's body is traced, it may change only values made inside
+        it: the body becomes one graph node that may run again (a checkpoint's recomputation)
+        or not at all (cond's other branch), so no change may escape it."""
+        outer = self._fence
+        self._fence = (next_serial(), what)
+        try:
+            yield
+        finally:
+            self._fence = outer
+
+    def _check_fence(self, owner: Value | None, what: str) -> None:
+        if self._fence is None:
+            return
+        if owner is None or owner.source is not None or owner.serial < self._fence[0]:
+            raise Unsupported(
+                BreakReason.SIDE_EFFECT,
+                f"the function of {self._fence[1]} changes {what}, which lives outside it",
+                hint="a checkpointed function or a cond branch may only compute tensors; "
+                "move the mutation out of it",
+            )
+
+    def touch(self, owner: Value | None = None) -> None:
+        """A change recorded nowhere else: to `owner`, a value made during capture, or with
+        no owner, to a tensor (tensor writes in a body are checked by its graph)."""
+        if owner is not None:
+            self._check_fence(owner, owner.describe())
         self.version += 1
 
-    def advance(self) -> None:
+    def advance(self, owner: Value | None = None) -> None:
         """An iterator made during capture was pulled: a change to restore points (the
         version) that is not a side effect a user could see (`advances` counts them)."""
+        if owner is not None:
+            self._check_fence(owner, owner.describe())
         self.version += 1
         self.advances += 1
 
     # recording (and reading back: the ledger is the truth during capture)
     def store_attr(self, obj: Value, name: str, value: Value) -> None:
+        self._check_fence(obj, f"attribute {name!r} of {obj.describe()}")
         self.version += 1
         self._attrs.setdefault(id(obj), (obj, {}))[1][name] = value
 
@@ -60,6 +94,7 @@ class SideEffects:
 
     def drop_attr(self, obj: Value, name: str) -> None:
         """Forget a pending attribute write (the attribute is deleted again)."""
+        self._check_fence(obj, f"attribute {name!r} of {obj.describe()}")
         self.version += 1
         del self._attrs[id(obj)][1][name]
 
@@ -68,11 +103,13 @@ class SideEffects:
         return bool(entry and entry[1])
 
     def mutated(self, container: Value) -> None:
+        self._check_fence(container, container.describe())
         self.version += 1
         if container.source is not None:
             self._containers[id(container)] = container
 
     def store_global(self, f_globals: dict, name: str, value: Value) -> None:
+        self._check_fence(None, f"the global {name!r}")
         self.version += 1
         self._globals[(id(f_globals), name)] = (f_globals, name, value)
 
@@ -81,6 +118,7 @@ class SideEffects:
         return entry[2] if entry else None
 
     def store_cell(self, cell: Any, value: Value) -> None:
+        self._check_fence(None, "a closure variable")
         self.version += 1
         self._cells[id(cell)] = (cell, value)
 

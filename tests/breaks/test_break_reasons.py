@@ -122,6 +122,18 @@ def r_graph_break(x):
     return y.cos()
 
 
+LOG: list = []
+
+
+def _logs(y):
+    LOG.append(1)
+    return y.sin()
+
+
+def r_checkpoint_logs(x):
+    return torch.utils.checkpoint.checkpoint(_logs, x + 1, use_reentrant=False)
+
+
 def _args(fn):
     if fn is r_slotted:
         return (x0.clone(), Slotted())
@@ -147,6 +159,7 @@ REASONS = [
     (r_del_global, BreakReason.UNSUPPORTED_OPCODE),
     (r_match, BreakReason.UNSUPPORTED_OPCODE),
     (r_graph_break, BreakReason.FORCED),
+    (r_checkpoint_logs, BreakReason.HIGHER_ORDER_OP),
 ]
 REASON_IDS = [f"{r.name}-{fn.__name__}" for fn, r in REASONS]
 

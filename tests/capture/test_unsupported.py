@@ -133,6 +133,17 @@ def u_graph_break(x):
     return y * 2
 
 
+def _prints_inside(x):
+    print("inside the checkpoint")
+    return x.sin()
+
+
+def u_checkpoint_body_breaks(x):
+    y = x + 1
+    y = torch.utils.checkpoint.checkpoint(_prints_inside, y, use_reentrant=False)  # BREAK
+    return y * 2
+
+
 CASES = [
     (u_print, BreakReason.UNSUPPORTED_CALL, lambda: (torch.randn(2, 3),)),
     (u_data_dependent_branch, BreakReason.DATA_DEPENDENT_BRANCH, lambda: (torch.randn(2, 3),)),
@@ -150,6 +161,7 @@ CASES = [
     (u_tensor_format, BreakReason.TENSOR_TO_PYTHON, lambda: (torch.randn(2, 3),)),
     (u_range_of_tensor, BreakReason.TENSOR_TO_PYTHON, lambda: (torch.ones(3),)),
     (u_graph_break, BreakReason.FORCED, lambda: (torch.ones(3),)),
+    (u_checkpoint_body_breaks, BreakReason.HIGHER_ORDER_OP, lambda: (torch.ones(3),)),
 ]
 
 

@@ -9,6 +9,7 @@ rebuilt by `reconstruct` in the replacement bytecode.
 
 from __future__ import annotations
 
+import itertools
 import types
 from typing import TYPE_CHECKING, Any
 
@@ -49,8 +50,24 @@ class MissingAttribute(Unsupported):
         super().__init__(BreakReason.EXCEPTION_RAISED, f"AttributeError: {detail}")
 
 
+_serials = itertools.count()
+
+
+def next_serial() -> int:
+    """The serial the next value made will be at least."""
+    return next(_serials)
+
+
 class Value:
     source: Source | None = None
+    serial: int
+    """When the value was made, in capture order: a higher-order op's body may change
+    only values made after it began (side_effects.SideEffects.fence)."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Value:
+        value = super().__new__(cls)
+        value.serial = next(_serials)
+        return value
 
     def python_type(self) -> type:
         raise Unsupported(BreakReason.UNSUPPORTED_OBJECT, f"type of {self.describe()} is not known")

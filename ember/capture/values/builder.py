@@ -124,6 +124,10 @@ class ValueBuilder:
         self._real[id(result)] = (result, value)
         return result
 
+    def existing(self, obj: Any) -> Value | None:
+        """The value this capture already made of the outside object `obj`, if any."""
+        return self._by_id.get(id(obj))
+
     def real_object(self, value: Value) -> Any | None:
         """The object a value reached through a source stands for (None for one made by
         the trace)."""
@@ -279,6 +283,10 @@ class ValueBuilder:
             register_dynamo_functions(BUILTINS)
             if value in BUILTINS:  # Python functions modelled directly (dataclasses.fields)
                 return BuiltinValue(value)
+            from ember.capture.values.functorch import TransformInternals
+
+            if TransformInternals.covers(value):
+                return TransformInternals(value)
         if callable(value) and is_allowed_in_graph(value):
             return TorchFunctionValue(value)
         if isinstance(value, types.FunctionType) and not _is_torch_function(value):

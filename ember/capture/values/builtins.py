@@ -627,5 +627,7 @@ from ember.capture.values import (  # noqa: E402, F401  (they register their han
     callables,
     classes,
     collection_types,
+    functorch,
+    higher_order,
     iteration,
 )

@@ -54,7 +54,7 @@ class LazyIterator(IteratorValue):
     def _produce(self, tx: Translator) -> Value | None:
         if self.exhausted:
             return None
-        tx.ctx.effects.advance()  # state that a failed instruction could not put back
+        tx.ctx.effects.advance(self)  # state that a failed instruction could not put back
         item = self.pull(tx)
         if item is None:
             self.exhausted = True

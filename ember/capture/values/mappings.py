@@ -89,7 +89,7 @@ class DictObjectValue(UserObjectValue):
                 BreakReason.SIDE_EFFECT,
                 f"changing the items of {self.describe()} from outside the function",
             )
-        tx.ctx.effects.touch()
+        tx.ctx.effects.touch(self)
         return self._items()
 
     # the dunder protocol: Python looks these up on the type

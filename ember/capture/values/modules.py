@@ -198,7 +198,7 @@ class BornModuleValue(ModuleValue):
         return _class_attribute(tx, self, type(m), name, None)
 
     def setattr(self, tx: Translator, name: str, value: Value) -> None:
-        tx.ctx.effects.touch()
+        tx.ctx.effects.touch(self)
         self.attrs[name] = value
 
     def iterate(self, tx: Translator) -> list[Value]:

@@ -18,6 +18,7 @@ import torch
 
 from ember.capture.sources import AttrSource, ConstSource, ItemSource, ModuleEntrySource, Source
 from ember.capture.values.base import ConstantValue, MissingAttribute, Value
+from ember.capture.values.containers import DictValue
 from ember.capture.values.functions import BoundMethodValue, UserFunctionValue
 from ember.errors import BreakReason, Unsupported
 
@@ -146,6 +147,14 @@ class ModuleValue(Value):
         m, builder, src = self.module, tx.ctx.builder, self.source
         for table in ("_parameters", "_buffers", "_modules"):
             entries = m.__dict__.get(table, {})
+            modelled = builder.existing(entries)
+            if isinstance(modelled, DictValue):
+                # the trace reads or writes the table itself (torch.func.functional_call
+                # swaps tensors into `_parameters`): what it holds now is in its value
+                item = modelled.items.get(name)
+                if item is not None:
+                    return item
+                continue
             if name in entries:
                 return builder.wrap(entries[name], ModuleEntrySource(src, table, name, f".{name}"))
         if name in m.__dict__:
@@ -299,7 +308,7 @@ class UserObjectValue(Value):
         if self.is_new:
             if name not in self.attrs:
                 raise MissingAttribute(f"{self.describe()} has no attribute {name!r}")
-            tx.ctx.effects.touch()
+            tx.ctx.effects.touch(self)
             del self.attrs[name]
             return
         pending = tx.ctx.effects.load_attr(self, name)
@@ -333,7 +342,7 @@ class UserObjectValue(Value):
                 )
             break
         if self.is_new:
-            tx.ctx.effects.touch()
+            tx.ctx.effects.touch(self)
             self.attrs[name] = value
         elif getattr(self, "dict_read", False):
             raise Unsupported(
@@ -463,11 +472,14 @@ class PyModuleValue(Value):
         tx.ctx.effects.store_attr(self, name, value)
 
 
-class CellValue:
+class CellValue(Value):
     """A cell made in the frame (a local captured by a nested function or lambda)."""
 
     def __init__(self, contents: Value | None = None) -> None:
         self.contents = contents
+
+    def describe(self) -> str:
+        return "a closure variable"
 
     def load(self, tx: Translator) -> Value:
         if self.contents is None:
@@ -475,7 +487,7 @@ class CellValue:
         return self.contents
 
     def store(self, tx: Translator, value: Value) -> None:
-        tx.ctx.effects.touch()
+        tx.ctx.effects.touch(self)
         self.contents = value
 
 

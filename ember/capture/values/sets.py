@@ -142,7 +142,7 @@ class SetValue(Value):
         operands = [real_operand(tx, a) for a in args]
         if name in _MUTATORS:
             self._check_writable(f"{name}()")
-            tx.ctx.effects.touch()
+            tx.ctx.effects.touch(self)
             before = dict(self.entries)
             result = getattr(self.members, name)(*(o.real for o in operands))
             self._sync(before, operands)
@@ -168,7 +168,7 @@ class SetValue(Value):
             result = fn(self._real(), operand.real)
             return _wrap_result(result, [self, operand])
         self._check_writable(_IN_PLACE[fn])
-        tx.ctx.effects.touch()
+        tx.ctx.effects.touch(self)
         before = dict(self.entries)
         fn(self.members, operand.real)
         self._sync(before, [operand])

@@ -256,7 +256,9 @@ def tensor_op(
     node_args = tuple(graph_arg(a) for a in args)
     node_kwargs = {k: graph_arg(v) for k, v in kwargs.items()}
     node = tx.ctx.out.create_node(kind, target, node_args, node_kwargs)
-    if any(t.example._version != v for t, v in zip(inputs, versions)):
+    written = [t for t, v in zip(inputs, versions) if t.example._version != v]
+    if written:
+        tx.ctx.out.check_writes(written)
         tx.ctx.effects.touch()  # wrote to a tensor: a side effect, as a list append is
     device = result_device(kind, target, ex_args, ex_kwargs, [t.device for t in inputs])
     return wrap_result(tx, node, result, device, inputs)
