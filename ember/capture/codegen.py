@@ -28,6 +28,7 @@ from ember.capture.output_graph import Harvest
 from ember.capture.resume import Slot, StackSlot, leave_grad_block
 from ember.capture.side_effects import SideEffects
 from ember.capture.values.base import NullValue, Value
+from ember.capture.values.compiler import runs_in_python
 from ember.capture.values.containers import (
     DictValue,
     IteratorValue,
@@ -261,9 +262,21 @@ def _rebuild_nested_function(
         cg.call(1)
 
 
+def _captured_again(value: Value) -> bool:
+    """Whether the callee of a broken call goes through ember again: not when it runs in
+    Python by rule, nor through an lru_cache wrapper (the wrapper is called, cache and all)."""
+    if isinstance(value, BoundMethodValue):
+        value = value.fn
+    if not isinstance(value, UserFunctionValue):
+        return True
+    return value.cached_by is None and runs_in_python(value.fn) is None
+
+
 def _reconstruct_callee(em: Emitter, value: Value, site: BreakSite) -> None:
     """The callable of the call that broke: user functions go through ember again."""
-    if isinstance(value, UserFunctionValue):
+    if not _captured_again(value):
+        em.reconstruct(value)
+    elif isinstance(value, UserFunctionValue):
         em.cg.load_const(site.wrap_callee(value.fn))
     elif isinstance(value, NestedFunctionValue):
         _rebuild_nested_function(em, value, site)

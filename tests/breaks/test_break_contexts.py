@@ -573,12 +573,13 @@ def test_long_while_loop_of_breaks_does_not_exhaust_the_stack():
 
 
 def raise_in_block_after_resume(x, fail):
+    global SCRATCH
     with torch.no_grad():
         y = x * 2
         record_mode("in")
-        match [2]:  # a break ember cannot resume after: the resume function runs eagerly
-            case [a]:
-                y = y * a
+        SCRATCH = 2
+        del SCRATCH  # a break ember cannot resume after: the resume function runs eagerly
+        y = y * 2
         z = (y + 1) * check(fail)  # raises with values on the stack above the block's
     return z
 

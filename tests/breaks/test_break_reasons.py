@@ -109,13 +109,6 @@ def r_del_global(x):
     return x
 
 
-def r_match(x):
-    match [1, 2]:
-        case [a, b]:
-            return x * (a + b)
-    return x
-
-
 def r_graph_break(x):
     y = x.sin()
     ember.graph_break()
@@ -157,7 +150,6 @@ REASONS = [
     (r_shape_mismatch, BreakReason.TENSOR_OP_FAILED),
     (r_nonzero, BreakReason.DATA_DEPENDENT_OP),
     (r_del_global, BreakReason.UNSUPPORTED_OPCODE),
-    (r_match, BreakReason.UNSUPPORTED_OPCODE),
     (r_graph_break, BreakReason.FORCED),
     (r_checkpoint_logs, BreakReason.HIGHER_ORDER_OP),
 ]

@@ -113,10 +113,10 @@ def test_stats_count_breaks_recompiles_and_eager_frames(capsys):
     )
 
     def g(x):
-        match x.shape:  # ember cannot capture `match` yet: the frame runs eagerly
-            case (2,):
-                return x + 1
-        return x
+        global _SCRATCH
+        _SCRATCH = 1
+        del _SCRATCH  # DELETE_GLOBAL is not captured, nor resumed after: the frame runs eagerly
+        return x + 1
 
     ember.compile(g, backend="eager")(torch.ones(2))
     assert ember.stats()["eager_frames"] == 1

@@ -88,11 +88,11 @@ def u_delete_attribute(x, obj):
     return x + 1
 
 
-def u_match_statement(x):
-    match x.shape:
-        case (a, b):  # BREAK
-            return x * a + b
-    return x
+def u_delete_global(x):
+    global U_GLOBAL
+    U_GLOBAL = 1
+    del U_GLOBAL  # BREAK
+    return x + 1
 
 
 def u_nonzero(x):
@@ -155,7 +155,7 @@ CASES = [
     (u_raise, BreakReason.EXCEPTION_RAISED, lambda: (torch.randn(2, 2),)),
     (u_iterate_plain_object, BreakReason.DYNAMIC_CONTROL_FLOW, lambda: (torch.randn(2, 3),)),
     (u_delete_attribute, BreakReason.SIDE_EFFECT, lambda: (torch.randn(2, 3), WithAttr())),
-    (u_match_statement, BreakReason.UNSUPPORTED_OPCODE, lambda: (torch.randn(2, 3),)),
+    (u_delete_global, BreakReason.UNSUPPORTED_OPCODE, lambda: (torch.randn(2, 3),)),
     (u_nonzero, BreakReason.DATA_DEPENDENT_OP, lambda: (torch.randn(2, 3),)),
     (u_inner_function_breaks, BreakReason.UNSUPPORTED_CALL, lambda: (torch.randn(2, 3),)),
     (u_tensor_format, BreakReason.TENSOR_TO_PYTHON, lambda: (torch.randn(2, 3),)),

@@ -258,7 +258,10 @@ class ValueBuilder:
             # lru_cache / cache: the wrapped function is inlined (as Dynamo does); the cache
             # itself is skipped, which only a function with side effects could tell
             guards.add(GuardKind.ID_MATCH, source, value)
-            return self.wrap(value.__wrapped__, AttrSource(source, "__wrapped__"))
+            function = self.wrap(value.__wrapped__, AttrSource(source, "__wrapped__"))
+            if isinstance(function, UserFunctionValue):
+                function.cached_by = source
+            return function
         getter = getter_value(value)
         if getter is not None:
             guards.add(GuardKind.ID_MATCH, source, value)

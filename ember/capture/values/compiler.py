@@ -50,6 +50,21 @@ def disable(fn: Callable[..., Any] | None = None, recursive: bool = True) -> Any
     return fn
 
 
+PYTHON_ONLY_MODULES = frozenset(["logging"])
+"""Modules whose functions are never captured (torch.compile skips them too): calls break,
+and the functions run in plain Python at the break (logging's handlers do I/O, and its
+loggers cache levels through exceptions)."""
+
+
+def runs_in_python(fn: Any) -> str | None:
+    """Why calls of `fn` break and run in plain Python, or None when ember captures them."""
+    if is_disabled(fn):
+        return "is marked disable: it runs in Python"
+    if getattr(fn, "__module__", None) in PYTHON_ONLY_MODULES:
+        return f"of {fn.__module__} runs in Python"
+    return None
+
+
 def allow_in_graph(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Put calls of `fn` into the graph as they are, without looking inside (fn must take
     and return tensors and have no side effects)."""

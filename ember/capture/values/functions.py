@@ -36,6 +36,10 @@ class UserFunctionValue(Value):
     def __init__(self, fn: types.FunctionType, source=None) -> None:
         self.fn = fn
         self.source = source
+        self.cached_by: Any = None
+        """The source of the functools.lru_cache wrapper it is called through: inlined, the
+        function body is traced, but code run at a graph break calls the wrapper, so the
+        cache (and a `warning_once`) behaves as in Python."""
 
     def describe(self) -> str:
         return f"function {_name(self.fn)}"
@@ -50,14 +54,12 @@ class UserFunctionValue(Value):
         return self.fn
 
     def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
-        from ember.capture.values.compiler import is_constant_result, is_disabled
+        from ember.capture.values.compiler import is_constant_result, runs_in_python
 
         fn = self.fn
-        if is_disabled(fn):
-            raise Unsupported(
-                BreakReason.UNSUPPORTED_CALL,
-                f"{self.describe()} is marked disable: it runs in Python",
-            )
+        why = runs_in_python(fn)
+        if why is not None:
+            raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"{self.describe()} {why}")
         if is_constant_result(fn):
             return _constant_result(tx, fn, args, kwargs)
         source = self.source or ConstSource(fn, _name(fn))
@@ -81,6 +83,8 @@ class UserFunctionValue(Value):
         return function_attribute(tx, self, self.fn, name)
 
     def reconstruct(self, em: Emitter) -> None:
+        if self.cached_by is not None:
+            return self.cached_by.emit(em.cg)
         if self.source is not None:
             return super().reconstruct(em)
         em.cg.load_const(self.fn)
@@ -267,8 +271,14 @@ class BoundMethodValue(Value):
     def reconstruct(self, em: Emitter) -> None:
         if self.source is not None:
             return super().reconstruct(em)
-        em.reconstruct(self.receiver)
         fn = self.fn
+        if isinstance(fn, UserFunctionValue) and fn.cached_by is not None:
+            em.cg.load_const(types.MethodType, push_null=True)  # the attribute may be named
+            em.reconstruct(fn)  # otherwise than the function it caches
+            em.reconstruct(self.receiver)
+            em.cg.call(2)
+            return
+        em.reconstruct(self.receiver)
         em.cg.load_attr(fn.fn.__name__ if isinstance(fn, UserFunctionValue) else fn.code.co_name)
 
     def getattr(self, tx: Translator, name: str) -> Value:

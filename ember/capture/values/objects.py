@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections.abc
 import dataclasses
+import functools
 import types
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +57,8 @@ def _class_attribute(tx: Translator, owner: Value, cls: type, name: str, source)
     if hasattr(attr, "__get__") and not isinstance(attr, (type, types.BuiltinFunctionType)):
         if isinstance(attr, (types.WrapperDescriptorType, types.MethodDescriptorType)):
             return BuiltinMethodValue(attr, owner)
+        if isinstance(attr, functools._lru_cache_wrapper):  # binds like the function it wraps
+            return BoundMethodValue(_descriptor_value(tx, klass, name), owner)
         getter = python_override(type(attr), "__get__")
         if getter is not None:  # a descriptor written in Python: its __get__ is inlined
             descriptor = _descriptor_value(tx, klass, name)
