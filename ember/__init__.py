@@ -7,6 +7,7 @@ ember.explain(fn)(*args)             # graphs, guards and graph breaks
 
 from ember import config
 from ember.api import compile, reset, stats
+from ember.capture.shapes import mark_dynamic, mark_static, maybe_mark_dynamic
 from ember.capture.values.compiler import (
     allow_in_graph,
     assume_constant_result,
@@ -32,6 +33,9 @@ __all__ = [
     "explain",
     "graph_break",
     "is_compiling",
+    "mark_dynamic",
+    "mark_static",
+    "maybe_mark_dynamic",
     "reset",
     "set_logs",
     "stats",

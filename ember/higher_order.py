@@ -66,4 +66,37 @@ def for_inductor(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callabl
             changed = True
         if changed:
             module.recompile()
-    return compile_fx(gm, example_inputs)
+    from ember.aot.symbolic import symbolic_inputs
+
+    symbolic = symbolic_inputs(gm, example_inputs)
+    if symbolic is None:
+        return compile_fx(gm, example_inputs)
+    # A graph with size symbols (ember.compile's dynamic shapes): Inductor reads them from
+    # fake inputs of a FakeTensorMode on the graph's ShapeEnv, as under Dynamo.
+    from torch._guards import TracingContext, tracing
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    sizes = [
+        v
+        for s in symbolic
+        if s is not None
+        for v in (s.shape if isinstance(s, torch.Tensor) else [s])
+    ]
+    shape_env = next(v for v in sizes if isinstance(v, torch.SymInt)).node.shape_env
+    mode = FakeTensorMode(shape_env=shape_env)
+    fakes = []
+    for s, real in zip(symbolic, example_inputs, strict=True):
+        if s is None:
+            fakes.append(
+                mode.from_tensor(real, static_shapes=True)
+                if isinstance(real, torch.Tensor)
+                else real
+            )
+        elif isinstance(s, torch.Tensor):
+            with mode:
+                fake = torch.empty_strided(s.shape, s.stride(), dtype=s.dtype, device=real.device)
+            fakes.append(fake.requires_grad_(real.requires_grad))
+        else:
+            fakes.append(s)
+    with tracing(TracingContext(mode)):
+        return compile_fx(gm, fakes)

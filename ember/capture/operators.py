@@ -81,7 +81,7 @@ def apply(tx: Translator, fn: Any, args: list[Value]) -> Value:
         isinstance(a, SequenceValue | DictValue | SetValue) for a in args
     ):
         try:
-            return ConstantValue(fn(*(a.as_constant() for a in args)))
+            return ConstantValue(fn(*(a.symbolic() for a in args)))
         except Exception as exc:
             raise Unsupported(
                 BreakReason.EXCEPTION_RAISED,

@@ -15,8 +15,10 @@ from typing import Any
 
 import torch
 import torch.fx.experimental.symbolic_shapes  # noqa: F401  (see below)
-from torch.utils._pytree import tree_map
+from torch._dispatch.python import enable_python_dispatcher
+from torch.utils._pytree import tree_leaves, tree_map
 
+from ember.capture.shapes import SYM_TYPES
 from ember.meta import META as _META
 from ember.meta import needs_real_dynamo, no_dynamo_import
 
@@ -48,6 +50,10 @@ def run_on_meta(kind: str, target: Any, args: list, kwargs: dict) -> Any:
         key = (kind, target, _key_of(args, tensors), _key_of(kwargs, tensors), _global_state())
         recipe = _cache.get(key)
     except (_Uncacheable, TypeError):  # TypeError: an unhashable target or argument
+        if _symbolic(args) or _symbolic(kwargs):
+            # C++ meta kernels want concrete sizes; their Python decompositions take SymInts
+            with enable_python_dispatcher():
+                return _run(kind, target, args, kwargs)
         return _run(kind, target, args, kwargs)
     if recipe is not None:
         return _rebuild(recipe)
@@ -55,6 +61,16 @@ def run_on_meta(kind: str, target: Any, args: list, kwargs: dict) -> Any:
     result = _run(kind, target, args, kwargs)
     _cache.record(key, result, tensors, versions)
     return result
+
+
+def _symbolic(tree: Any) -> bool:
+    """Any SymInt (alone or in a tensor's sizes or strides) in an argument tree."""
+    for leaf in tree_leaves(tree):
+        if isinstance(leaf, SYM_TYPES):
+            return True
+        if isinstance(leaf, torch.Tensor) and any(isinstance(s, SYM_TYPES) for s in leaf.shape):
+            return True
+    return False
 
 
 def _run(kind: str, target: Any, args: list, kwargs: dict) -> Any:
