@@ -195,7 +195,7 @@ def _containers(tx: Translator, fn: Any, args: list[Value]) -> Value | None:
         return ConstantValue(equal if fn is operator.eq else not equal)
     if a.is_constant() and b.is_constant():
         try:
-            result = fn(a.as_constant(), b.as_constant())
+            result = fn(a.symbolic(), b.symbolic())
         except Exception as exc:
             raise Unsupported(BreakReason.EXCEPTION_RAISED, f"{fn.__name__}: {exc}") from exc
         if isinstance(result, list):

@@ -312,3 +312,19 @@ def test_counter_attribute_becomes_a_symbol_not_a_recompile_per_call():
     assert counter.frame_count == 2
     assert counter.frame_count <= dynamo_counter.frame_count
     torch._dynamo.reset()
+
+
+def test_shape_tuples_built_from_sizes_stay_symbolic():
+    """transformers' GPT-2 builds `(-1,) + input_shape[1:] + (hidden,)` for its output view."""
+
+    def f(x):
+        shape = x.shape
+        out_shape = (-1,) + shape[1:] + (1,)
+        return x.reshape(-1, shape[-1]).cumsum(0).view(out_shape)
+
+    counter = CompileCounter()
+    compiled = ember.compile(f, backend=counter)
+    for n in [3, 5, 8, 17]:
+        x = torch.randn(2, n, 4)
+        assert_same(compiled(x), f(x))
+    assert counter.frame_count == 2
