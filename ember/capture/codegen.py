@@ -27,6 +27,7 @@ from ember.capture.output_graph import Harvest
 from ember.capture.resume import Slot, StackSlot, leave_grad_block
 from ember.capture.shapes import concrete, has_symbols, is_symbolic
 from ember.capture.side_effects import SideEffects
+from ember.capture.sources import Source
 from ember.capture.values.base import ConstantValue, NullValue, Value
 from ember.capture.values.containers import (
     DictValue,
@@ -71,7 +72,9 @@ class Emitter:
         """A constant; a symbolic size as the graph output computing it (a tuple of sizes,
         `x.shape`, item by item)."""
         node = self._sizes.get(value.node.expr) if is_symbolic(value) else None
-        if node is not None:
+        if isinstance(node, Source):
+            node.emit(self.cg)
+        elif node is not None:
             self.cg.load_fast(GRAPH_OUT)
             self.cg.load_const(self.output_index[node])
             self.cg.subscr()

@@ -96,7 +96,12 @@ def capture_call(
         torch._C._set_grad_enabled(grad_mode)
     compiled_name = None
     graph = None
-    if not harvest.is_empty():
+    if harvest.sizes_only():
+        # only arithmetic on size symbols (`steps + 1` of a counter): run as Python, no
+        # backend compile, no graph counted (a static capture folded it to a constant)
+        compiled_name = f"__compiled_fn_{next(_counter)}"
+        fn.__globals__[compiled_name] = harvest.gm
+    elif not harvest.is_empty():
         graph = harvest.gm
         compiled_name = f"__compiled_fn_{next(_counter)}"
         if logs.enabled("graph_code"):

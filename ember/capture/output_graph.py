@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ember.capture.guards import GuardKind, GuardSet
-from ember.capture.shapes import SymbolicShapes, is_symbolic
+from ember.capture.shapes import SYM_TYPES, SymbolicShapes, is_symbolic
 from ember.capture.sources import Source
 from ember.capture.subgraph import module_with
 from ember.capture.values.base import ConstantValue
@@ -36,8 +36,9 @@ class Harvest:
     gm: torch.fx.GraphModule
     inputs: list[GraphInput]
     output_index: dict[torch.fx.Node, int]
-    sizes: dict[Any, torch.fx.Node] = dataclasses.field(default_factory=dict)
-    """Symbolic sizes the graph outputs, by their expression."""
+    sizes: dict[Any, torch.fx.Node | Source] = dataclasses.field(default_factory=dict)
+    """Symbolic sizes the code after the graph rebuilds, by their expression: the graph
+    output computing one, or the source of a symbol that is one of the inputs."""
 
     @property
     def example_inputs(self) -> list[torch.Tensor]:
@@ -50,6 +51,17 @@ class Harvest:
             (n.op == "call_function" and n.target is not torch._C._set_grad_enabled)
             or n.op == "call_method"
             for n in self.gm.graph.nodes
+        )
+
+    def sizes_only(self) -> bool:
+        """Work, but only on size symbols: no tensor op, no tensor output."""
+        calls = [n for n in self.gm.graph.nodes if n.op in ("call_function", "call_method")]
+        return (
+            bool(calls)
+            and all(isinstance(n.meta.get("example_value"), SYM_TYPES) for n in calls)
+            and not any(
+                isinstance(n.meta.get("example_value"), torch.Tensor) for n in self.output_index
+            )
         )
 
 
@@ -114,6 +126,7 @@ class OutputGraph:
         self._last_placeholder = node
         node.meta["example_value"] = example
         node.meta["source"] = source.name()
+        node.meta["input_source"] = source
         return node
 
     def guard_sizes(self) -> None:
@@ -141,12 +154,16 @@ class OutputGraph:
         """Finish the graph: outputs as a tuple (symbolic sizes among them), unused inputs
         dropped."""
         output_index: dict[torch.fx.Node, int] = {}
-        sizes: dict[Any, torch.fx.Node] = {}
+        sizes: dict[Any, torch.fx.Node | Source] = {}
         for value in outputs:
             if isinstance(value, ConstantValue):
                 for number in _numbers(value.value):
                     node = self.size_arg(number) if is_symbolic(number) else None
-                    if isinstance(node, torch.fx.Node):
+                    if not isinstance(node, torch.fx.Node):
+                        continue
+                    if node.op == "placeholder":  # a symbol as it came in: reloaded
+                        sizes[number.node.expr] = node.meta["input_source"]
+                    else:
                         sizes[number.node.expr] = node
                         output_index.setdefault(node, len(output_index))
                 continue

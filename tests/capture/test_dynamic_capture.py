@@ -328,3 +328,20 @@ def test_shape_tuples_built_from_sizes_stay_symbolic():
         x = torch.randn(2, n, 4)
         assert_same(compiled(x), f(x))
     assert counter.frame_count == 2
+
+
+def test_size_arithmetic_floordiv_mod_max_slices_and_arange():
+    def f(x):
+        n = x.shape[0]
+        h = n // 2
+        halves = x[:h] * (n % 3) + x[h : 2 * h]
+        steps = torch.arange(n - h) * max(n, 3)
+        flat = x.view(-1, x.shape[1] * x.shape[2]).T.contiguous()
+        return halves.sum(0), steps, flat.reshape(x.shape[2], -1, x.shape[1])
+
+    counter = CompileCounter()
+    compiled = ember.compile(f, backend=counter, dynamic=True)
+    for n in [4, 5, 6, 7, 9, 12]:
+        x = torch.randn(n, 3, 2)
+        assert_same(compiled(x), f(x))
+    assert counter.frame_count == 1
