@@ -78,9 +78,11 @@ def _marked(t: torch.Tensor, attr: str) -> set[int]:
     return {d % max(t.dim(), 1) for d in getattr(t, attr, ())}
 
 
-def mark_dynamic(t: torch.Tensor, dim: int, min: int | None = None, max: int | None = None):
+def mark_dynamic(t: torch.Tensor, dim: int, min: int | None = None, max: int | None = None) -> None:
     """Make `t`'s size at `dim` a symbol whenever a compiled function receives `t` (a guard
-    checks `min <= size <= max` when bounds are given). Same marks as torch._dynamo's."""
+    checks `min <= size <= max` when bounds are given; a size outside them stays static).
+    Same marks as torch._dynamo's. Where the trace specializes the size anyway, ember
+    guards on it and logs where (`EMBER_LOGS=dynamic`); torch.compile raises instead."""
     if not hasattr(t, "_dynamo_dynamic_indices"):
         t._dynamo_dynamic_indices = set()
         t._dynamo_dynamic_range = set()
@@ -89,7 +91,8 @@ def mark_dynamic(t: torch.Tensor, dim: int, min: int | None = None, max: int | N
 
 
 def maybe_mark_dynamic(t: torch.Tensor, dim: int) -> None:
-    """Like `mark_dynamic`, but a trace that specializes the size is not an error."""
+    """Like `mark_dynamic` without bounds (torch.compile's variant that tolerates a
+    specialization; ember never raises on one)."""
     if not hasattr(t, "_dynamo_weak_dynamic_indices"):
         t._dynamo_weak_dynamic_indices = set()
     t._dynamo_weak_dynamic_indices.add(dim)

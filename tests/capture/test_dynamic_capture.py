@@ -43,13 +43,14 @@ def has_symbolic_sizes(gm: torch.fx.GraphModule) -> bool:
     )
 
 
-def test_dynamic_true_one_graph_for_every_size():
-    counter = CompileCounter()
+@pytest.mark.parametrize("backend", ["eager", "ember"])
+def test_dynamic_true_one_graph_for_every_size(backend):
+    counter = CountingBackend(backend)
     compiled = ember.compile(rows, backend=counter, dynamic=True, fullgraph=True)
     w = torch.randn(6, 4)
     for n in SIZES:
         x = torch.randn(n, 6)
-        assert_same(compiled(x, w), rows(x, w))
+        assert_same(compiled(x, w), rows(x, w), rtol=1e-4, atol=1e-5)
     assert counter.frame_count == 1
     (gm,) = counter.graphs
     assert len(symbol_placeholders(gm)) == 2  # the batch, and the width x and w share
@@ -211,6 +212,25 @@ def test_torch_dynamo_marks_are_honored():
         torch._dynamo.mark_dynamic(x, 0)
         assert_same(compiled(x), f(x))
     assert counter.frame_count == 1
+
+    for mark in (torch._dynamo.maybe_mark_dynamic, ember.maybe_mark_dynamic):
+        counter.clear()
+        ember.reset()
+        compiled = ember.compile(f, backend=counter, dynamic=False)
+        for n in [3, 6, 11]:
+            x = torch.randn(n, 2)
+            mark(x, 0)
+            assert_same(compiled(x), f(x))
+        assert counter.frame_count == 1
+
+    counter.clear()
+    ember.reset()
+    compiled = ember.compile(f, backend=counter, dynamic=True)
+    for n in [3, 6]:
+        x = torch.randn(n, 2)
+        torch._dynamo.mark_static(x, 0)
+        assert_same(compiled(x), f(x))
+    assert counter.frame_count == 2
 
 
 def test_logs_name_symbols_guards_and_the_changed_dim(caplog):
