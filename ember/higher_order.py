@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from ember import torch_compat
+
 
 def checkpoint(body: Callable[..., Any], *operands: Any, use_reentrant: bool = False) -> Any:
     """Run `body(*operands)` keeping only its inputs for the backward, which computes the
@@ -54,7 +56,7 @@ def grad(body: Callable[..., Any], argnums: tuple[int, ...], *operands: Any) -> 
 def for_inductor(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     """Backend "inductor" behind ember's capture: PyTorch's compile_fx, with ember's
     checkpoint nodes written as PyTorch's tag_activation_checkpoint (which Inductor knows)."""
-    from torch._higher_order_ops.wrap import tag_activation_checkpoint
+    tag_activation_checkpoint = torch_compat.tag_activation_checkpoint()
     from torch._inductor.compile_fx import compile_fx
 
     for module in gm.modules():
@@ -71,32 +73,31 @@ def for_inductor(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callabl
     symbolic = symbolic_inputs(gm, example_inputs)
     if symbolic is None:
         return compile_fx(gm, example_inputs)
-    # A graph with size symbols (ember.compile's dynamic shapes): Inductor reads them from
-    # fake inputs of a FakeTensorMode on the graph's ShapeEnv, as under Dynamo.
     from torch._guards import TracingContext, tracing
+
+    mode, fakes = _fake_inputs(symbolic, example_inputs)
+    with tracing(TracingContext(mode)):
+        return compile_fx(gm, fakes)
+
+
+def _fake_inputs(symbolic: list[Any], example_inputs: list[Any]) -> tuple[Any, list[Any]]:
+    """A graph with size symbols (ember.compile's dynamic shapes) as Inductor gets it from
+    Dynamo: fake inputs of a FakeTensorMode on the graph's ShapeEnv, the symbolic tensors
+    with the graph's own symbols, and the symbols themselves."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    sizes = [
-        v
-        for s in symbolic
-        if s is not None
-        for v in (s.shape if isinstance(s, torch.Tensor) else [s])
-    ]
+    sizes = [v for s in symbolic if s is not None for v in getattr(s, "shape", [s])]
     shape_env = next(v for v in sizes if isinstance(v, torch.SymInt)).node.shape_env
     mode = FakeTensorMode(shape_env=shape_env)
     fakes = []
     for s, real in zip(symbolic, example_inputs, strict=True):
         if s is None:
-            fakes.append(
-                mode.from_tensor(real, static_shapes=True)
-                if isinstance(real, torch.Tensor)
-                else real
-            )
+            static = isinstance(real, torch.Tensor)
+            fakes.append(mode.from_tensor(real, static_shapes=True) if static else real)
         elif isinstance(s, torch.Tensor):
             with mode:
                 fake = torch.empty_strided(s.shape, s.stride(), dtype=s.dtype, device=real.device)
             fakes.append(fake.requires_grad_(real.requires_grad))
         else:
             fakes.append(s)
-    with tracing(TracingContext(mode)):
-        return compile_fx(gm, fakes)
+    return mode, fakes

@@ -103,6 +103,10 @@ class Op(enum.Enum):
     RAISE_VARARGS = enum.auto()
     CALL_INTRINSIC_1 = enum.auto()
     GET_LEN = enum.auto()
+    MATCH_MAPPING = enum.auto()
+    MATCH_SEQUENCE = enum.auto()
+    MATCH_KEYS = enum.auto()
+    MATCH_CLASS = enum.auto()
     IMPORT_NAME = enum.auto()
     IMPORT_FROM = enum.auto()
 
@@ -153,10 +157,6 @@ UNSUPPORTED: dict[str, str] = {
             "WITH_EXCEPT_START",
         ],
         "exception handlers only run when traced code raises, which ends the capture",
-    ),
-    **dict.fromkeys(
-        ["MATCH_CLASS", "MATCH_KEYS", "MATCH_MAPPING", "MATCH_SEQUENCE"],
-        "structural pattern matching is not captured",
     ),
     **dict.fromkeys(
         [

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ember import torch_compat
 from ember.capture.shapes import symbolic_tensor_conditions
 from ember.capture.sources import GuardScope, Source
 
@@ -282,6 +283,7 @@ def _check_body(statements: list[tuple[str, str]]) -> list[str]:
 def _scope_names(scope: GuardScope, fn: types.FunctionType) -> dict[str, Any]:
     names = dict(scope.names)
     names.update(___G=fn.__globals__, ___closure=fn.__closure__, ___torch=torch, ___id=id)
+    names["___autocast"] = torch_compat.is_any_autocast_enabled
     names["___hooks"] = torch.nn.modules.module
     names["___readable"] = scope.readable
     return names
@@ -320,7 +322,7 @@ def build_guard_function(guards: GuardSet, fn: types.FunctionType) -> GuardFunct
     # Factory calls without a dtype (torch.zeros(n)) were traced under this default.
     add([f"___torch.get_default_dtype() is {scope.const(torch.get_default_dtype())}"])
     # Entering or leaving autocast changes result dtypes: the entry is only valid as traced.
-    add([f"___torch._C._is_any_autocast_enabled() is {torch._C._is_any_autocast_enabled()}"])
+    add([f"___autocast() is {torch_compat.is_any_autocast_enabled()}"])
     names = _scope_names(scope, fn)
     signature = parameter_list(fn.__code__)
     check = _compile(signature, _check_body(statements), names, fn)

@@ -34,6 +34,7 @@ from torch.utils._sympy.printers import PythonPrinter
 
 from ember import logs
 from ember.capture.sources import GuardScope, ItemSource, LocalSource, SizeSource, Source
+from ember.torch_compat import python_dispatcher
 
 SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 
@@ -325,9 +326,7 @@ class SymbolicShapes:
                 running if real.shape[d] > 1 or real.stride(d) == running else real.stride(d)
             )
             running = running * sizes[d]
-        from torch._dispatch.python import enable_python_dispatcher
-
-        with enable_python_dispatcher():
+        with python_dispatcher():
             meta = torch.empty_strided(sizes, strides, dtype=real.dtype, device="meta")
             if real.requires_grad:
                 meta.requires_grad_(True)

@@ -15,12 +15,11 @@ from typing import Any
 
 import torch
 import torch.fx.experimental.symbolic_shapes  # noqa: F401  (see below)
-from torch._dispatch.python import enable_python_dispatcher
 from torch.utils._pytree import tree_leaves, tree_map
 
 from ember.capture.shapes import SYM_TYPES
 from ember.meta import META as _META
-from ember.meta import needs_real_dynamo, no_dynamo_import
+from ember.torch_compat import python_dispatcher, without_dynamo
 
 # Every `torch._check` in PyTorch's Python meta kernels imports symbolic_shapes on first use
 # (60-100 ms here): imported with ember rather than inside a process's first capture, as
@@ -52,7 +51,7 @@ def run_on_meta(kind: str, target: Any, args: list, kwargs: dict) -> Any:
     except (_Uncacheable, TypeError):  # TypeError: an unhashable target or argument
         if _symbolic(args) or _symbolic(kwargs):
             # C++ meta kernels want concrete sizes; their Python decompositions take SymInts
-            with enable_python_dispatcher():
+            with python_dispatcher():
                 return _run(kind, target, args, kwargs)
         return _run(kind, target, args, kwargs)
     if recipe is not None:
@@ -74,13 +73,7 @@ def _symbolic(tree: Any) -> bool:
 
 
 def _run(kind: str, target: Any, args: list, kwargs: dict) -> Any:
-    try:
-        with no_dynamo_import():
-            return _call(kind, target, args, kwargs)
-    except (ImportError, AttributeError) as exc:
-        if not needs_real_dynamo(exc):
-            raise
-    return _call(kind, target, args, kwargs)  # the kernel needed the real torch._dynamo
+    return without_dynamo(_call, kind, target, args, kwargs)
 
 
 def _call(kind: str, target: Any, args: list, kwargs: dict) -> Any:
