@@ -233,6 +233,8 @@ class SymbolicShapes:
         """Sizes read from the user's arguments (for automatic dynamic)."""
         self.where: list[str] = []
         """The user's file:line for each guard of the ShapeEnv, in order."""
+        self.int_symbols: dict[Source, torch.SymInt] = {}
+        """The symbols made for int values, by where they were read."""
 
     # inputs
     def observe(self, source: Source, value: Any) -> None:
@@ -342,7 +344,9 @@ class SymbolicShapes:
             return value
         if not (policy.everything and user_input(source) or -1 in policy.dims.get(source, ())):
             return value
-        return self._symbol(source, value, size=False)
+        symbol = self._symbol(source, value, size=False)
+        self.int_symbols[source] = symbol
+        return symbol
 
     # the graph
     def graph_arg(self, value: Any, graph: torch.fx.Graph) -> Any:

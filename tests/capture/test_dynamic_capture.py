@@ -365,3 +365,23 @@ def test_size_arithmetic_floordiv_mod_max_slices_and_arange():
         x = torch.randn(n, 3, 2)
         assert_same(compiled(x), f(x))
     assert counter.frame_count == 1
+
+
+def test_an_int_attribute_read_twice_is_one_symbol():
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.k = 2
+
+        def forward(self, x):
+            return x * self.k + self.k
+
+    model = Scaled()
+    counter = CompileCounter()
+    compiled = ember.compile(model, backend=counter)
+    for k in [2, 3, 4, 5]:
+        model.k = k
+        x = torch.randn(3)
+        assert_same(compiled(x), x * k + k)
+    assert counter.frame_count == 2
+    assert len(symbol_placeholders(counter.graphs[-1])) == 1

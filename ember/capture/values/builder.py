@@ -129,8 +129,12 @@ class ValueBuilder:
         return entry[1] if entry is not None and entry[0] is value else None
 
     def _int(self, value: int, source: Source) -> Value:
-        """An int argument: a size symbol when it is dynamic, else a guarded constant."""
+        """An int argument: a size symbol when it is dynamic, else a guarded constant. An
+        int read again through the same source (`self.calls` twice) is the same symbol."""
         shapes = self.ctx.shapes
+        symbol = shapes.int_symbols.get(source)
+        if symbol is not None:
+            return ConstantValue(symbol, source)
         shapes.observe(source, value)
         symbol = shapes.int_example(source, value)
         if type(symbol) is int:
