@@ -12,10 +12,13 @@ shared):
 3. compile time of the dynamic graph against the static one (first call, empty ember cache;
    imports warmed beforehand), goal <= 1.5x;
 4. a loop over 64 sequence lengths of GPT-2 tiny (compile + run, automatic dynamic): ember
-   against torch.compile (Inductor, empty cache), total seconds.
+   against torch.compile (Inductor, empty cache), total seconds;
+5. ember.compile's own capture (automatic dynamic) against torch.compile on a loop over the
+   sizes of each workload: graphs and total seconds (compile + run).
 
     MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=17179869184 \\
         .venv/bin/python bench/dynamic.py [--only softmax,mlp] [--blocks 11] [--no-loop]
+        [--capture-only]
 """
 
 from __future__ import annotations
@@ -241,12 +244,46 @@ def seq_loop(backend, lengths: list[int]) -> float:
     return time.perf_counter() - start
 
 
+def capture_loop(factory, sizes: list[int]) -> dict:
+    """ember.compile's own capture (automatic dynamic, ember's backend) over the sizes against
+    torch.compile (Dynamo + Inductor, automatic dynamic) on the same loop: graphs compiled and
+    total seconds (capture, compile and run), each with an empty cache."""
+    from torch._inductor.compile_fx import compile_fx
+
+    from ember.testing import CountingBackend
+
+    fn, make, _ = factory()
+    args = [make(n) for n in sizes]
+    ember.reset()
+    torch._dynamo.reset()
+    ember_counter = CountingBackend("ember")
+    inductor_counter = Counting(compile_fx)
+    runs = {
+        "ember": ember.compile(fn, backend=ember_counter),
+        "torch.compile": torch.compile(fn, backend=inductor_counter),
+    }
+    seconds, worst = {}, {}
+    with torch.no_grad():
+        for name, compiled in runs.items():
+            with config.patch(cache_dir=tempfile.mkdtemp(prefix="ember-bench-capture-")):
+                start = time.perf_counter()
+                outs = [compiled(*a) for a in args]
+                seconds[name] = time.perf_counter() - start
+            worst[name] = max((o - fn(*a)).abs().max().item() for o, a in zip(outs, args))
+    return {
+        "graphs": (ember_counter.frame_count, inductor_counter.graphs),
+        "s": seconds,
+        "diff": max(worst.values()),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="")
     ap.add_argument("--blocks", type=int, default=11)
     ap.add_argument("--block-s", type=float, default=0.1)
     ap.add_argument("--no-loop", action="store_true")
+    ap.add_argument("--capture-only", action="store_true", help="only ember.compile's section")
     opts = ap.parse_args()
     torch.manual_seed(0)
     # warm imports (Dynamo, Inductor, ember) so compile times hold no import
@@ -257,6 +294,20 @@ def main() -> None:
     if opts.only:
         chosen = {k: v for k, v in chosen.items() if k in opts.only.split(",")}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(
+        "\nember.compile's own capture (automatic dynamic) vs torch.compile, a loop over the"
+        " sizes, compile + run:\n\n| workload | sizes | graphs ember / torch.compile | total s"
+        " ember / torch.compile | ratio | max abs diff |\n|---|---|---|---|---|---|"
+    )
+    for name, (factory, _, sizes) in chosen.items():
+        c = capture_loop(factory, sizes)
+        e, t = c["s"]["ember"], c["s"]["torch.compile"]
+        print(
+            f"| {name} | {len(sizes)} | {c['graphs'][0]} / {c['graphs'][1]} | {e:.2f} / "
+            f"{t:.2f} | {t / e:.1f}x | {c['diff']:.1e} |"
+        )
+    if opts.capture_only:
+        return
     print("\n| workload | sizes | graphs | aten graphs generated | max abs diff |")
     print("|---|---|---|---|---|")
     for name, (factory, _, sizes) in chosen.items():

@@ -8,6 +8,7 @@ ember.explain(fn)(*args)             # graphs, guards and graph breaks
 from ember import torch_compat  # noqa: F401, I001  (checks the torch version first)
 from ember import config
 from ember.api import compile, reset, stats
+from ember.capture.shapes import mark_dynamic, mark_static, maybe_mark_dynamic
 from ember.capture.values.compiler import (
     allow_in_graph,
     assume_constant_result,
@@ -33,6 +34,9 @@ __all__ = [
     "explain",
     "graph_break",
     "is_compiling",
+    "mark_dynamic",
+    "mark_static",
+    "maybe_mark_dynamic",
     "reset",
     "set_logs",
     "stats",

@@ -20,6 +20,7 @@ from ember.backends import lookup
 from ember.capture import cache as frame_cache
 from ember.capture import stats as capture_stats
 from ember.capture.frame import capture_call
+from ember.capture.shapes import DynamicPolicy
 from ember.capture.values.compiler import is_disabled
 from ember.capture.values.meta import clear_cache as clear_meta_cache
 from ember.capture.values.modules import has_hooks
@@ -51,7 +52,9 @@ class CompileOptions:
         if mode is not None and options:
             raise RuntimeError("either mode or options can be given, not both")
         self.fullgraph = fullgraph
-        self.dynamic = dynamic  # shapes are always specialized; a new shape recompiles
+        self.dynamic = dynamic
+        """True: argument sizes are symbols from the first call; None: automatic (sizes seen
+        changing become symbols at the recompile); False: never (marks still count)."""
         self.backend = lookup(backend)
         self.mode = mode
         self.options = dict(options or {})
@@ -72,7 +75,13 @@ def _run_cached(
         capture_stats.record_recompile()
         failure = cache.entries[-1].guard.first_failure(*args, **kwargs)
         cache.misses.append(failure)
-        logs.log("recompiles", "recompiling %s: guard failed: %s", fn.__qualname__, failure)
+        logs.log(
+            "recompiles",
+            "recompiling %s: guard failed: %s%s",
+            fn.__qualname__,
+            failure,
+            _automatic_dynamic(opts, cache, args, kwargs),
+        )
         if len(cache.entries) >= limit:
             failing = f"Guards that kept failing: {sorted(set(cache.misses))}"
             if opts.fullgraph:  # never runs eagerly: say so instead, as torch.compile does
@@ -92,7 +101,8 @@ def _run_cached(
             return fn(*args, **kwargs)
     try:
         wrap = None if opts.fullgraph else functools.partial(compile_function, opts=opts)
-        entry = capture_call(fn, args, kwargs, opts.backend, wrap)
+        policy = DynamicPolicy(opts.dynamic is True, dict(cache.dynamic))
+        entry = capture_call(fn, args, kwargs, opts.backend, wrap, policy)
     except Unsupported as exc:
         if opts.fullgraph:
             raise
@@ -104,6 +114,26 @@ def _run_cached(
     installed = (fn.__globals__, entry.compiled_name) if entry.compiled_name else None
     cache.add(entry, installed)
     return entry.fn(*args, **kwargs)
+
+
+def _automatic_dynamic(
+    opts: CompileOptions, cache: frame_cache.FrameCache, args: tuple, kwargs: dict
+) -> str:
+    """Under dynamic=None, the argument sizes that differ from the last capture's become
+    symbols in the next one; returns what changed, for the recompile message."""
+    sizes = cache.entries[-1].sizes
+    changes = sizes.changes(args, kwargs) if sizes is not None else []
+    if not changes:
+        return ""
+    if opts.dynamic is not None:
+        return f"; {', '.join(c.describe() for c in changes)} (dynamic={opts.dynamic})"
+    said = []
+    for change in changes:
+        dims = cache.dynamic.get(change.source, frozenset())
+        verdict = "already dynamic" if change.dim in dims else "the next graph makes it dynamic"
+        cache.dynamic[change.source] = dims | {change.dim}
+        said.append(f"{change.describe()}: {verdict}")
+    return "; " + ", ".join(said)
 
 
 def compile_function(fn: Callable[..., Any], opts: CompileOptions) -> Callable[..., Any]:

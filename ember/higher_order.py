@@ -68,4 +68,36 @@ def for_inductor(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callabl
             changed = True
         if changed:
             module.recompile()
-    return compile_fx(gm, example_inputs)
+    from ember.aot.symbolic import symbolic_inputs
+
+    symbolic = symbolic_inputs(gm, example_inputs)
+    if symbolic is None:
+        return compile_fx(gm, example_inputs)
+    from torch._guards import TracingContext, tracing
+
+    mode, fakes = _fake_inputs(symbolic, example_inputs)
+    with tracing(TracingContext(mode)):
+        return compile_fx(gm, fakes)
+
+
+def _fake_inputs(symbolic: list[Any], example_inputs: list[Any]) -> tuple[Any, list[Any]]:
+    """A graph with size symbols (ember.compile's dynamic shapes) as Inductor gets it from
+    Dynamo: fake inputs of a FakeTensorMode on the graph's ShapeEnv, the symbolic tensors
+    with the graph's own symbols, and the symbols themselves."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    sizes = [v for s in symbolic if s is not None for v in getattr(s, "shape", [s])]
+    shape_env = next(v for v in sizes if isinstance(v, torch.SymInt)).node.shape_env
+    mode = FakeTensorMode(shape_env=shape_env)
+    fakes = []
+    for s, real in zip(symbolic, example_inputs, strict=True):
+        if s is None:
+            static = isinstance(real, torch.Tensor)
+            fakes.append(mode.from_tensor(real, static_shapes=True) if static else real)
+        elif isinstance(s, torch.Tensor):
+            with mode:
+                fake = torch.empty_strided(s.shape, s.stride(), dtype=s.dtype, device=real.device)
+            fakes.append(fake.requires_grad_(real.requires_grad))
+        else:
+            fakes.append(s)
+    return mode, fakes

@@ -20,6 +20,7 @@ CHANNELS = (
     "aot",
     "kernels",
     "schedule",
+    "dynamic",
 )
 
 _handler = logging.StreamHandler(sys.stderr)

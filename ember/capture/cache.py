@@ -20,6 +20,8 @@ from typing import Any
 import torch
 
 from ember.capture.guards import GuardFunction
+from ember.capture.shapes import SizeRecord
+from ember.capture.sources import Source
 from ember.errors import Unsupported
 
 
@@ -33,6 +35,8 @@ class CacheEntry:
     compiled_name: str | None
     graph_break: Unsupported | None = None
     """Why the capture stopped early (the rest runs in a resume function), if it did."""
+    sizes: SizeRecord | None = None
+    """The argument sizes the capture saw (automatic dynamic compares a missed call's)."""
     finalizers: list[weakref.finalize] = dataclasses.field(default_factory=list)
     """Drop this entry when an object its guard holds by identity dies; remove its
     `__compiled_fn_N` from the user's globals when the entry goes."""
@@ -52,6 +56,8 @@ class FrameCache:
     eager_reason: Unsupported | str | None = None
     """Set when this code is no longer captured (unsupported construct, recompile limit)."""
     misses: list[str] = dataclasses.field(default_factory=list)
+    dynamic: dict[Source, frozenset[int]] = dataclasses.field(default_factory=dict)
+    """Automatic dynamic: the argument dims (-1: an int) seen changing between calls."""
 
     def add(self, entry: CacheEntry, installed: tuple[dict, str] | None) -> None:
         """Keep `entry`, tied to the lives of the objects its guard names by identity."""
@@ -67,6 +73,7 @@ class FrameCache:
         for entry in entries:
             entry.release()
         self.misses.clear()
+        self.dynamic.clear()
         self.eager_reason = None
 
 

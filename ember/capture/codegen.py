@@ -26,8 +26,10 @@ from ember.bytecode import CodeBuilder, Inst, Op, decode, operands
 from ember.capture.handlers.control import ExitValue
 from ember.capture.output_graph import Harvest
 from ember.capture.resume import Slot, StackSlot, leave_grad_block
+from ember.capture.shapes import concrete, has_symbols, is_symbolic
 from ember.capture.side_effects import SideEffects
-from ember.capture.values.base import NullValue, Value
+from ember.capture.sources import Source
+from ember.capture.values.base import ConstantValue, NullValue, Value
 from ember.capture.values.compiler import runs_in_python
 from ember.capture.values.containers import (
     DictValue,
@@ -62,10 +64,32 @@ def break_temp(i: int) -> str:
 class Emitter:
     """Pushes values at run time; fresh mutable objects are built once and reused."""
 
-    def __init__(self, cg: CodeBuilder, output_index: dict[torch.fx.Node, int]) -> None:
+    def __init__(self, cg: CodeBuilder, harvest: Harvest) -> None:
         self.cg = cg
-        self.output_index = output_index
+        self.output_index = harvest.output_index
+        self._sizes = harvest.sizes
         self._built: dict[int, str] = {}
+
+    def load_number(self, value: Any) -> None:
+        """A constant; a symbolic size as the graph output computing it (a tuple of sizes,
+        `x.shape`, item by item)."""
+        node = self._sizes.get(value.node.expr) if is_symbolic(value) else None
+        if isinstance(node, Source):
+            node.emit(self.cg)
+        elif node is not None:
+            self.cg.load_fast(GRAPH_OUT)
+            self.cg.load_const(self.output_index[node])
+            self.cg.subscr()
+        elif type(value) in (tuple, torch.Size) and any(map(is_symbolic, value)):
+            if type(value) is torch.Size:
+                self.cg.load_const(torch.Size, push_null=True)
+            for item in value:
+                self.load_number(item)
+            self.cg.build("TUPLE", len(value))
+            if type(value) is torch.Size:
+                self.cg.call(1)
+        else:
+            self.cg.load_const(concrete(value))  # a size ember could not output: guarded
 
     def load_tensor(self, value: TensorValue) -> None:
         if value.node in self.output_index:
@@ -109,16 +133,17 @@ def _is_fresh_mutable(value: Value) -> bool:
     )
 
 
-def live_tensors(values: list[Value]) -> list[TensorValue]:
-    """Tensors reachable from values that will be rebuilt after the graph."""
-    found: list[TensorValue] = []
+def live_tensors(values: list[Value]) -> list[TensorValue | ConstantValue]:
+    """Tensors (and symbolic sizes) reachable from values that will be rebuilt after the
+    graph: the graph's outputs."""
+    found: list[TensorValue | ConstantValue] = []
     seen: set[int] = set()
 
     def visit(v: Value) -> None:
         if id(v) in seen:
             return
         seen.add(id(v))
-        if isinstance(v, TensorValue):
+        if isinstance(v, TensorValue) or isinstance(v, ConstantValue) and has_symbols(v.value):
             found.append(v)
         elif isinstance(v, SequenceValue):
             for item in v.items:
@@ -205,7 +230,7 @@ def build_replacement(
 ) -> types.CodeType:
     """The code object that replaces the user's function body for one cache entry."""
     cg = CodeBuilder(template)
-    em = Emitter(cg, harvest.output_index)
+    em = Emitter(cg, harvest)
     _call_graph(cg, compiled_name, harvest)
     _set_grad_mode(cg, grad_mode)
     em.reconstruct(result)  # before the replay: the result may read state the replay changes
@@ -350,7 +375,7 @@ def build_break_replacement(
     graph, replay the ledger, restore the frame, run that instruction in CPython, then
     return the result of the resume function that continues after it."""
     cg = CodeBuilder(template)
-    em = Emitter(cg, harvest.output_index)
+    em = Emitter(cg, harvest)
     _call_graph(cg, compiled_name, harvest)
     _set_grad_mode(cg, site.grad_mode)
     stack, inst = site.stack, site.inst

@@ -39,6 +39,7 @@ from ember.capture.resume import (
     live_locals,
     make_resume_function,
 )
+from ember.capture.shapes import DynamicPolicy, SizeRecord
 from ember.capture.translator import CaptureContext, RestartCapture, root_translator
 from ember.capture.values.iterators import settle_iterators
 from ember.capture.values.objects import CellValue
@@ -70,12 +71,14 @@ def capture_call(
     kwargs: dict,
     backend: Callable[..., Any],
     wrap: Callable[[types.FunctionType], Callable[..., Any]] | None = None,
+    policy: DynamicPolicy | None = None,
 ) -> CacheEntry:
     """Capture `fn(*args, **kwargs)`. With `wrap` (how to compile a resume function), an
-    unsupported instruction becomes a graph break; without it, Unsupported propagates."""
+    unsupported instruction becomes a graph break; without it, Unsupported propagates.
+    `policy` says which argument sizes are symbols (ember/capture/shapes.py)."""
     grad_mode = torch.is_grad_enabled()
     try:
-        ctx, tracer, result = _translate(fn, args, kwargs, wrap is not None)
+        ctx, tracer, result = _translate(fn, args, kwargs, wrap is not None, policy)
         brk = tracer.graph_break
         mode_at_break = torch.is_grad_enabled()  # where the capture stopped or returned
         if brk is not None:
@@ -93,7 +96,12 @@ def capture_call(
         torch_compat.set_grad_enabled(grad_mode)
     compiled_name = None
     graph = None
-    if not harvest.is_empty():
+    if harvest.sizes_only():
+        # only arithmetic on size symbols (`steps + 1` of a counter): run as Python, no
+        # backend compile, no graph counted (a static capture folded it to a constant)
+        compiled_name = f"__compiled_fn_{next(_counter)}"
+        fn.__globals__[compiled_name] = harvest.gm
+    elif not harvest.is_empty():
         graph = harvest.gm
         compiled_name = f"__compiled_fn_{next(_counter)}"
         if logs.enabled("graph_code"):
@@ -121,6 +129,7 @@ def capture_call(
             code = build_break_replacement(fn.__code__, compiled_name, harvest, ctx.effects, site)
         except Unsupported as exc:  # the break's own reason first: it is what to change
             raise _runs_eagerly(brk.reason, f"and at the break, {exc.detail}") from exc
+    ctx.out.guard_sizes()
     guard = build_guard_function(ctx.guards, fn)
     if logs.enabled("guards"):
         logs.log("guards", "GUARDS for %s\n%s", fn.__qualname__, guard.source_text)
@@ -136,8 +145,15 @@ def capture_call(
         code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
     )
     replacement.__kwdefaults__ = fn.__kwdefaults__
+    sizes = SizeRecord(ctx.shapes.observed, fn) if ctx.shapes.observed else None
     entry = CacheEntry(
-        guard, replacement, code, graph, compiled_name, brk.reason if brk is not None else None
+        guard,
+        replacement,
+        code,
+        graph,
+        compiled_name,
+        brk.reason if brk is not None else None,
+        sizes,
     )
     if graph is not None:
         stats.record_graph()
@@ -148,12 +164,18 @@ def capture_call(
     return entry
 
 
-def _translate(fn: types.FunctionType, args: tuple, kwargs: dict, allow_break: bool) -> tuple:
+def _translate(
+    fn: types.FunctionType,
+    args: tuple,
+    kwargs: dict,
+    allow_break: bool,
+    policy: DynamicPolicy | None,
+) -> tuple:
     """Run the root translator; once more, stopping earlier, if it asks for a restart."""
     grad_mode = torch.is_grad_enabled()
     stop_before = None
     for _ in range(2):
-        ctx = CaptureContext.new(fn)
+        ctx = CaptureContext.new(fn, policy)
         tracer = root_translator(ctx, fn, args, kwargs, allow_break, stop_before)
         try:
             return ctx, tracer, tracer.run()

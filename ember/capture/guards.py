@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ember import torch_compat
+from ember.capture.shapes import symbolic_tensor_conditions
 from ember.capture.sources import GuardScope, Source
 
 
@@ -37,6 +38,9 @@ class GuardKind(enum.Enum):
     NO_HOOKS = "module has no forward or backward hooks"
     MISSING_ATTR = "an attribute the trace found missing (hasattr, getattr default) stays so"
     DICT_CONTAINS = "a key the trace looked up in a dict is still present (or still absent)"
+    SYMBOLIC_TENSOR = "tensor type, dtype, device, static sizes, strides of symbolic sizes"
+    SIZE_RELATION = "a relation between size symbols the trace relied on (s0 >= 2, s0 == s1)"
+    INT_SYMBOL = "an int argument that is a size symbol is still an int"
 
 
 @dataclasses.dataclass(frozen=True, slots=True, eq=False)
@@ -62,14 +66,22 @@ def _hashable(value: Any) -> Any:
 
 
 def _tensor_conditions(g: Guard, scope: GuardScope) -> list[str]:
-    t: torch.Tensor = g.expected
+    """The tensor's type, dtype, device, layout and requires_grad; with size symbols (a
+    SYMBOLIC_TENSOR guard) the layout is its static sizes and strides as expressions."""
+    if g.kind is GuardKind.SYMBOLIC_TENSOR:
+        t, example, symbols = g.expected
+    else:
+        t = g.expected
     e = g.source.expr(scope)
+    if g.kind is GuardKind.SYMBOLIC_TENSOR:
+        layout = symbolic_tensor_conditions(e, example, t, scope, dict(symbols))
+    else:
+        layout = [f"{e}.shape == {tuple(t.shape)!r}", f"{e}.stride() == {tuple(t.stride())!r}"]
     return [
         f"type({e}) is {scope.const(type(t), 'T')}",
         f"{e}.dtype is {scope.const(t.dtype, 'dtype')}",
         f"{e}.device == {scope.const(t.device, 'dev')}",
-        f"{e}.shape == {tuple(t.shape)!r}",
-        f"{e}.stride() == {tuple(t.stride())!r}",
+        *layout,
         f"{e}.requires_grad is {t.requires_grad}",
     ]
 
@@ -134,6 +146,9 @@ _CONDITIONS: dict[GuardKind, Callable[[Guard, GuardScope], list[str]]] = {
     GuardKind.DICT_CONTAINS: lambda g, s: [
         f"({g.expected[0]!r} in {g.source.expr(s)}) is {g.expected[1]}"
     ],
+    GuardKind.SYMBOLIC_TENSOR: _tensor_conditions,
+    GuardKind.SIZE_RELATION: lambda g, s: [g.expected.condition(s)],
+    GuardKind.INT_SYMBOL: lambda g, s: [f"type({g.source.expr(s)}) is int"],
 }
 
 
@@ -142,7 +157,8 @@ def _no_aliasing(guards: GuardSet, scope: GuardScope) -> list[str]:
     reorders their reads and writes), so a call that passes one tensor through two sources
     must not reuse the entry. Tensors that were one object at capture have one input and a
     SAME_OBJECT guard instead."""
-    exprs = [g.source.expr(scope) for g in guards if g.kind is GuardKind.TENSOR_MATCH]
+    tensors = (GuardKind.TENSOR_MATCH, GuardKind.SYMBOLIC_TENSOR)
+    exprs = [g.source.expr(scope) for g in guards if g.kind in tensors]
     if len(exprs) < 2:
         return []
     return [f"len({{{', '.join(f'id({e})' for e in exprs)}}}) == {len(exprs)}"]
@@ -264,6 +280,24 @@ def _check_body(statements: list[tuple[str, str]]) -> list[str]:
     return body
 
 
+def _scope_names(scope: GuardScope, fn: types.FunctionType) -> dict[str, Any]:
+    names = dict(scope.names)
+    names.update(___G=fn.__globals__, ___closure=fn.__closure__, ___torch=torch, ___id=id)
+    names["___autocast"] = torch_compat.is_any_autocast_enabled
+    names["___hooks"] = torch.nn.modules.module
+    names["___readable"] = scope.readable
+    return names
+
+
+def build_reader(sources: list[Source], fn: types.FunctionType) -> Callable[..., list]:
+    """A function with `fn`'s signature returning the values of `sources` for a call (what
+    automatic dynamic compares with the sizes a capture saw)."""
+    scope = GuardScope()
+    exprs = [source.expr(scope) for source in sources]
+    body = [*scope.take_assignments(), f"return [{', '.join(exprs)}]"]
+    return _compile(parameter_list(fn.__code__), body, _scope_names(scope, fn), fn, report=True)
+
+
 def build_guard_function(guards: GuardSet, fn: types.FunctionType) -> GuardFunction:
     """Compile all guards into one function with `fn`'s signature: each source is read once
     into a local, then every check runs in the order the guards were added."""
@@ -278,22 +312,26 @@ def build_guard_function(guards: GuardSet, fn: types.FunctionType) -> GuardFunct
                 seen.add(cond)
                 statements.append(("check", cond))
 
+    origins: list[tuple[str, str]] = []  # size relations and where the trace made them
     for guard in guards:
-        add(guard.conditions(scope))
+        conditions = guard.conditions(scope)
+        add(conditions)
+        if guard.kind is GuardKind.SIZE_RELATION:
+            origins.extend((c, guard.expected.where) for c in conditions)
     add(_no_aliasing(guards, scope))
     # Factory calls without a dtype (torch.zeros(n)) were traced under this default.
     add([f"___torch.get_default_dtype() is {scope.const(torch.get_default_dtype())}"])
     # Entering or leaving autocast changes result dtypes: the entry is only valid as traced.
     add([f"___autocast() is {torch_compat.is_any_autocast_enabled()}"])
-    names = dict(scope.names)
-    names.update(___G=fn.__globals__, ___closure=fn.__closure__, ___torch=torch, ___id=id)
-    names["___autocast"] = torch_compat.is_any_autocast_enabled
-    names["___hooks"] = torch.nn.modules.module
-    names["___readable"] = scope.readable
+    names = _scope_names(scope, fn)
     signature = parameter_list(fn.__code__)
     check = _compile(signature, _check_body(statements), names, fn)
     result = GuardFunction(
         check, check.__ember_source__, [], statements, names, signature, scope.held_by_identity
     )
     result.conditions = [result._readable(t) for kind, t in statements if kind == "check"]
+    if origins:
+        result.source_text += "".join(
+            f"# {result._readable(c)}  <- {where}\n" for c, where in origins
+        )
     return result

@@ -81,7 +81,7 @@ def apply(tx: Translator, fn: Any, args: list[Value]) -> Value:
         isinstance(a, SequenceValue | DictValue | SetValue) for a in args
     ):
         try:
-            return ConstantValue(fn(*(a.as_constant() for a in args)))
+            return ConstantValue(fn(*(a.symbolic() for a in args)))
         except Exception as exc:
             raise Unsupported(
                 BreakReason.EXCEPTION_RAISED,
@@ -195,7 +195,7 @@ def _containers(tx: Translator, fn: Any, args: list[Value]) -> Value | None:
         return ConstantValue(equal if fn is operator.eq else not equal)
     if a.is_constant() and b.is_constant():
         try:
-            result = fn(a.as_constant(), b.as_constant())
+            result = fn(a.symbolic(), b.symbolic())
         except Exception as exc:
             raise Unsupported(BreakReason.EXCEPTION_RAISED, f"{fn.__name__}: {exc}") from exc
         if isinstance(result, list):

@@ -15,8 +15,10 @@ import torch
 
 from ember import torch_compat
 from ember.capture.guards import GuardKind, GuardSet
+from ember.capture.shapes import SYM_TYPES, SymbolicShapes, is_symbolic
 from ember.capture.sources import Source
 from ember.capture.subgraph import module_with
+from ember.capture.values.base import ConstantValue
 from ember.capture.values.tensor import TensorValue
 from ember.meta import to_meta
 
@@ -24,8 +26,10 @@ from ember.meta import to_meta
 @dataclasses.dataclass(slots=True)
 class GraphInput:
     source: Source
-    value: TensorValue
-    real: torch.Tensor
+    node: torch.fx.Node
+    real: torch.Tensor | int
+    """The call's tensor, or the value of a size symbol (an int)."""
+    value: TensorValue | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -33,6 +37,9 @@ class Harvest:
     gm: torch.fx.GraphModule
     inputs: list[GraphInput]
     output_index: dict[torch.fx.Node, int]
+    sizes: dict[Any, torch.fx.Node | Source] = dataclasses.field(default_factory=dict)
+    """Symbolic sizes the code after the graph rebuilds, by their expression: the graph
+    output computing one, or the source of a symbol that is one of the inputs."""
 
     @property
     def example_inputs(self) -> list[torch.Tensor]:
@@ -47,11 +54,25 @@ class Harvest:
             for n in self.gm.graph.nodes
         )
 
+    def sizes_only(self) -> bool:
+        """Work, but only on size symbols: no tensor op, no tensor output."""
+        calls = [n for n in self.gm.graph.nodes if n.op in ("call_function", "call_method")]
+        return (
+            bool(calls)
+            and all(isinstance(n.meta.get("example_value"), SYM_TYPES) for n in calls)
+            and not any(
+                isinstance(n.meta.get("example_value"), torch.Tensor) for n in self.output_index
+            )
+        )
+
 
 class OutputGraph:
-    def __init__(self, guards: GuardSet) -> None:
+    def __init__(self, guards: GuardSet, shapes: SymbolicShapes) -> None:
         self.graph = torch.fx.Graph()
         self.guards = guards
+        self.shapes = shapes
+        self._symbolic: dict[Source, torch.Tensor] = {}
+        """The symbolic meta examples of tensor inputs with dynamic sizes."""
         self._inputs: dict[Source, GraphInput] = {}
         self._by_tensor: dict[int, GraphInput] = {}
         self._last_placeholder: torch.fx.Node | None = None
@@ -66,28 +87,58 @@ class OutputGraph:
         if same is not None:
             self.guards.add(GuardKind.SAME_OBJECT, source, same.source)
             return same.value
+        self.shapes.observe(source, real)
+        symbolic = self.shapes.tensor_example(source, real)
+        if symbolic is None:
+            fake = to_meta(real)
+        else:
+            fake, symbols = symbolic
+            self._symbolic[source] = fake
+            for new in symbols:
+                self.symbol_input(new.source, new.value, new.hint)
+        node = self._placeholder(source, fake)
+        value = TensorValue(node, fake, real.device, source)
+        value.python_cls = type(real)
+        entry = GraphInput(source, node, real, value)
+        self._inputs[source] = entry
+        self._by_tensor[id(real)] = entry
+        return value
+
+    def symbol_input(self, source: Source, value: torch.SymInt, hint: int) -> None:
+        """A size symbol as a graph input (`s0: "Sym(s0)"`), read from `source`."""
+        node = self._placeholder(source, value, str(value.node.expr))
+        self.shapes.placeholders[value.node.expr] = node
+        self._inputs[source] = GraphInput(source, node, hint)
+
+    def _placeholder(self, source: Source, example: Any, name: str | None = None) -> torch.fx.Node:
         if self._last_placeholder is None:
             first = next(iter(self.graph.nodes), None)
             ctx = self.graph.inserting_before(first)
         else:
             ctx = self.graph.inserting_after(self._last_placeholder)
-        name = source.graph_name()
+        base = name or source.graph_name()
+        name = base
         taken = {n.target for n in self.graph.nodes if n.op == "placeholder"}
         suffix = 1
         while name in taken:  # two sources may print alike (same-named closures)
-            name, suffix = f"{source.graph_name()}{suffix}_", suffix + 1
+            name, suffix = f"{base}{suffix}_", suffix + 1
         with ctx:
             node = self.graph.placeholder(name)
         self._last_placeholder = node
-        fake = to_meta(real)
-        node.meta["example_value"] = fake
+        node.meta["example_value"] = example
         node.meta["source"] = source.name()
-        value = TensorValue(node, fake, real.device, source)
-        value.python_cls = type(real)
-        entry = GraphInput(source, value, real)
-        self._inputs[source] = entry
-        self._by_tensor[id(real)] = entry
-        return value
+        node.meta["input_source"] = source
+        return node
+
+    def guard_sizes(self) -> None:
+        """Add the guards on size symbols: last, once the replacement code too has made
+        what it needed a number (a size it could not output)."""
+        for relation in self.shapes.relations():
+            self.guards.add(GuardKind.SIZE_RELATION, None, relation)
+
+    def size_arg(self, value: Any) -> Any:
+        """A SymInt (or SymFloat/SymBool) as a node argument (see shapes.graph_arg)."""
+        return self.shapes.graph_arg(value, self.graph)
 
     def create_node(self, kind: str, target: Any, args: tuple, kwargs: dict) -> torch.fx.Node:
         return self.graph.create_node(kind, target, args, kwargs)
@@ -100,20 +151,43 @@ class OutputGraph:
         """An op wrote these tensors in place: always allowed here (a body refuses it for
         tensors from outside it, capture/subgraph.py)."""
 
-    def harvest(self, outputs: list[TensorValue]) -> Harvest:
-        """Finish the graph: outputs as a tuple, unused inputs dropped."""
+    def harvest(self, outputs: list[TensorValue | ConstantValue]) -> Harvest:
+        """Finish the graph: outputs as a tuple (symbolic sizes among them), unused inputs
+        dropped."""
         output_index: dict[torch.fx.Node, int] = {}
+        sizes: dict[Any, torch.fx.Node | Source] = {}
         for value in outputs:
+            if isinstance(value, ConstantValue):
+                for number in _numbers(value.value):
+                    node = self.size_arg(number) if is_symbolic(number) else None
+                    if not isinstance(node, torch.fx.Node):
+                        continue
+                    if node.op == "placeholder":  # a symbol as it came in: reloaded
+                        sizes[number.node.expr] = node.meta["input_source"]
+                    else:
+                        sizes[number.node.expr] = node
+                        output_index.setdefault(node, len(output_index))
+                continue
             if value.node.op != "placeholder" and value.node not in output_index:
                 output_index[value.node] = len(output_index)
         self.graph.output(tuple(output_index))
         inputs = []
+        symbols = tuple(self.shapes.sources.items())
         for entry in self._inputs.values():
             # The guard stays even for an unused input: the trace may have read its shape.
-            self.guards.add(GuardKind.TENSOR_MATCH, entry.source, entry.real)
-            if entry.value.node.users:
+            if entry.source in self._symbolic:
+                example = self._symbolic[entry.source]
+                expected = (entry.real, example, symbols)
+                self.guards.add(GuardKind.SYMBOLIC_TENSOR, entry.source, expected)
+            elif entry.value is not None:
+                self.guards.add(GuardKind.TENSOR_MATCH, entry.source, entry.real)
+            if entry.node.users:
                 inputs.append(entry)
             else:
-                self.graph.erase_node(entry.value.node)
+                self.graph.erase_node(entry.node)
         gm = torch.fx.GraphModule(module_with(self.submodules), self.graph)
-        return Harvest(gm, inputs, output_index)
+        return Harvest(gm, inputs, output_index, sizes)
+
+
+def _numbers(value: Any) -> tuple:
+    return tuple(value) if type(value) in (tuple, torch.Size) else (value,)

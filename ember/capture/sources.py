@@ -266,3 +266,27 @@ class IterationSource(Source):
 
     def emit(self, cg: CodeBuilder) -> None:
         raise NotImplementedError("only guarded, never reloaded")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SizeSource(Source):
+    """`base.size()[dim]`: a tensor's size that capture made a symbol (ember/capture/shapes.py);
+    read by the guard to bind the symbol and reloaded to pass it to the graph."""
+
+    base: Source
+    dim: int
+
+    def name(self) -> str:
+        return f"{self.base.name()}.size()[{self.dim}]"
+
+    def graph_name(self) -> str:
+        return f"{self.base.graph_name()}size_{self.dim}_"
+
+    def expr(self, scope: GuardScope) -> str:
+        return scope.bind(self, f"{self.base.expr(scope)}.shape[{self.dim}]")
+
+    def emit(self, cg: CodeBuilder) -> None:
+        self.base.emit(cg)
+        cg.load_attr("shape")
+        cg.load_const(self.dim)
+        cg.subscr()

@@ -68,6 +68,10 @@ class SubgraphOutput:
     def graph_input(self, source: Source, real: torch.Tensor) -> TensorValue:
         return self.parent.graph_input(source, real)  # an input of the whole capture
 
+    def size_arg(self, value: Any) -> Any:
+        """A symbolic size: computed outside, lifted into the body like a tensor."""
+        return self.parent.size_arg(value)
+
     def _placeholder(self, name: str, example: torch.Tensor) -> fx.Node:
         taken = {n.target for n in self.graph.find_nodes(op="placeholder")}
         base, suffix = name, 1

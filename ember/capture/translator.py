@@ -20,6 +20,7 @@ from ember import config, torch_compat
 from ember.bytecode import Inst, decode
 from ember.capture.guards import GuardKind, GuardSet
 from ember.capture.output_graph import OutputGraph
+from ember.capture.shapes import DynamicPolicy, SymbolicShapes
 from ember.capture.side_effects import SideEffects
 from ember.capture.sources import CellSource, ForeignGlobalSource, GlobalSource, LocalSource
 from ember.capture.values.base import Value
@@ -72,15 +73,17 @@ class CaptureContext:
     guards: GuardSet
     out: OutputGraph
     effects: SideEffects
+    shapes: SymbolicShapes
     builder: ValueBuilder = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         self.builder = ValueBuilder(self)
 
     @classmethod
-    def new(cls, fn: types.FunctionType) -> CaptureContext:
+    def new(cls, fn: types.FunctionType, policy: DynamicPolicy | None = None) -> CaptureContext:
         guards = GuardSet()
-        return cls(fn, guards, OutputGraph(guards), SideEffects())
+        shapes = SymbolicShapes(policy)
+        return cls(fn, guards, OutputGraph(guards, shapes), SideEffects(), shapes)
 
 
 class Translator:
@@ -231,6 +234,8 @@ class Translator:
                     )
                 try:
                     HANDLERS[inst.op](self, inst)
+                    if self.ctx.shapes.env is not None:  # size guards the step added
+                        self.ctx.shapes.label_guards(self)
                 except _USER_ERRORS as exc:
                     # Python raised while folding the user's code on known values (int("x"),
                     # {}["k"], 1 / 0): CPython must raise it, where the user's handler can see it.

@@ -13,6 +13,8 @@ import itertools
 import types
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from ember.capture.sources import Source
 from ember.errors import BreakReason, Unsupported
 
@@ -81,6 +83,10 @@ class Value:
     def as_constant(self) -> Any:
         raise NotConstant(self.describe())
 
+    def symbolic(self) -> Any:
+        """The constant, symbolic sizes kept (see ConstantValue.as_constant)."""
+        return self.as_constant()
+
     def truth(self, tx: Translator) -> bool:
         raise Unsupported(BreakReason.DYNAMIC_CONTROL_FLOW, f"truth value of {self.describe()}")
 
@@ -139,12 +145,26 @@ class ConstantValue(Value):
         return f"constant {self.value!r}"
 
     def python_type(self) -> type:
-        return type(self.value)
+        kind = type(self.value)
+        return _SYMBOLIC_TYPES.get(kind, kind)
 
     def is_constant(self) -> bool:
         return True
 
     def as_constant(self) -> Any:
+        """The value. A symbolic size (capture/shapes.py) is made a number here, with a
+        guard: code that reads a constant (str, range, dict keys, ...) must see the int; the
+        paths that keep sizes symbolic (operators, tensor arguments) read `symbolic()`."""
+        value = self.value
+        kind = type(value)
+        if kind in _SYMBOLIC_TYPES:
+            return _SYMBOLIC_TYPES[kind](value)
+        if (kind is torch.Size or kind is tuple) and any(type(v) in _SYMBOLIC_TYPES for v in value):
+            return kind([_SYMBOLIC_TYPES.get(type(v), _same)(v) for v in value])
+        return value
+
+    def symbolic(self) -> Any:
+        """The value, symbolic sizes kept as SymInts."""
         return self.value
 
     def truth(self, tx: Translator) -> bool:
@@ -173,7 +193,14 @@ class ConstantValue(Value):
         return ConstantValue(self.value[key.as_constant()])
 
     def reconstruct(self, em: Emitter) -> None:
-        em.cg.load_const(self.value)
+        em.load_number(self.value)
+
+
+_SYMBOLIC_TYPES = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}
+
+
+def _same(value: Any) -> Any:
+    return value
 
 
 class NullValue(Value):

@@ -128,10 +128,28 @@ class ValueBuilder:
         entry = self._real.get(id(value))
         return entry[1] if entry is not None and entry[0] is value else None
 
+    def _int(self, value: int, source: Source) -> Value:
+        """An int argument: a size symbol when it is dynamic, else a guarded constant. An
+        int read again through the same source (`self.calls` twice) is the same symbol."""
+        shapes = self.ctx.shapes
+        symbol = shapes.int_symbols.get(source)
+        if symbol is not None:
+            return ConstantValue(symbol, source)
+        shapes.observe(source, value)
+        symbol = shapes.int_example(source, value)
+        if type(symbol) is int:
+            self.ctx.guards.add(GuardKind.EQUALS_MATCH, source, value)
+        else:
+            self.ctx.guards.add(GuardKind.INT_SYMBOL, source)
+            self.ctx.out.symbol_input(source, symbol, value)
+        return ConstantValue(symbol, source)
+
     def _wrap(self, value: Any, source: Source) -> Value:
         guards = self.ctx.guards
         if isinstance(value, torch.Tensor):
             return self.ctx.out.graph_input(source, value)
+        if type(value) is int:
+            return self._int(value, source)
         if isinstance(value, _CONSTANT_TYPES):
             guards.add(GuardKind.EQUALS_MATCH, source, value)
             return ConstantValue(value, source)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ember import torch_compat
+from ember.capture.shapes import is_symbolic
 from ember.capture.values import compiler
 from ember.capture.values.base import (
     ConstantValue,
@@ -337,10 +338,18 @@ def _reduce_items(tx: Translator, args: list[Value]) -> list[Value]:
     return args[0].iterate(tx) if len(args) == 1 else list(args)
 
 
+_INTS = (int, torch.SymInt)
+
+
 def _min_max_for(fn: Any) -> Handler:
     def handler(tx, args, kwargs):
         items = _reduce_items(tx, args)
         if all_constant(items) and not kwargs:
+            values = [v.symbolic() for v in items]
+            if any(map(is_symbolic, values)) and all(type(v) in _INTS for v in values):
+                # a size symbol: torch.sym_max/sym_min keep it one, with no guard
+                pick = torch.sym_max if fn is max else torch.sym_min
+                return ConstantValue(functools.reduce(pick, values))
             return ConstantValue(fn(v.as_constant() for v in items))
         raise Unsupported(
             BreakReason.DATA_DEPENDENT_BRANCH,

@@ -57,7 +57,13 @@ class SequenceValue(Value):
         return all_constant(self.items)
 
     def as_constant(self) -> Any:
-        return self.python_type()(v.as_constant() for v in self.items)
+        return self._rebuilt([v.as_constant() for v in self.items])
+
+    def symbolic(self) -> Any:
+        return self._rebuilt([v.symbolic() for v in self.items])
+
+    def _rebuilt(self, values: list[Any]) -> Any:
+        return self.python_type()(values)
 
     def truth(self, tx: Translator) -> bool:
         return bool(self.items)
@@ -123,8 +129,7 @@ class TupleValue(SequenceValue):
     def python_type(self) -> type:
         return self.struct_type or tuple
 
-    def as_constant(self) -> Any:
-        values = [v.as_constant() for v in self.items]
+    def _rebuilt(self, values: list[Any]) -> Any:
         if self.struct_type is not None and hasattr(self.struct_type, "_make"):
             return self.struct_type._make(values)
         return tuple(values)

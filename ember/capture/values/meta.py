@@ -15,10 +15,11 @@ from typing import Any
 
 import torch
 import torch.fx.experimental.symbolic_shapes  # noqa: F401  (see below)
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
+from ember.capture.shapes import SYM_TYPES
 from ember.meta import META as _META
-from ember.torch_compat import without_dynamo
+from ember.torch_compat import python_dispatcher, without_dynamo
 
 # Every `torch._check` in PyTorch's Python meta kernels imports symbolic_shapes on first use
 # (60-100 ms here): imported with ember rather than inside a process's first capture, as
@@ -48,6 +49,10 @@ def run_on_meta(kind: str, target: Any, args: list, kwargs: dict) -> Any:
         key = (kind, target, _key_of(args, tensors), _key_of(kwargs, tensors), _global_state())
         recipe = _cache.get(key)
     except (_Uncacheable, TypeError):  # TypeError: an unhashable target or argument
+        if _symbolic(args) or _symbolic(kwargs):
+            # C++ meta kernels want concrete sizes; their Python decompositions take SymInts
+            with python_dispatcher():
+                return _run(kind, target, args, kwargs)
         return _run(kind, target, args, kwargs)
     if recipe is not None:
         return _rebuild(recipe)
@@ -55,6 +60,16 @@ def run_on_meta(kind: str, target: Any, args: list, kwargs: dict) -> Any:
     result = _run(kind, target, args, kwargs)
     _cache.record(key, result, tensors, versions)
     return result
+
+
+def _symbolic(tree: Any) -> bool:
+    """Any SymInt (alone or in a tensor's sizes or strides) in an argument tree."""
+    for leaf in tree_leaves(tree):
+        if isinstance(leaf, SYM_TYPES):
+            return True
+        if isinstance(leaf, torch.Tensor) and any(isinstance(s, SYM_TYPES) for s in leaf.shape):
+            return True
+    return False
 
 
 def _run(kind: str, target: Any, args: list, kwargs: dict) -> Any:

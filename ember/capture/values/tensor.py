@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ember import torch_compat
+from ember.capture.shapes import SYM_TYPES
 from ember.capture.values.base import ConstantValue, MissingAttribute, Value
 from ember.capture.values.meta import is_data_dependent_error, result_device, run_on_meta
 from ember.errors import BreakReason, Unsupported
@@ -183,27 +184,41 @@ class TensorValue(Value):
         em.load_tensor(self)
 
 
-def _map_tensors(value: Value, leaf: Callable[[TensorValue], Any]) -> Any:
-    """The value as a Python argument, with each tensor replaced by `leaf(tensor)`."""
+def _map_tensors(
+    value: Value, leaf: Callable[[TensorValue], Any], size: Callable[[Any], Any] | None = None
+) -> Any:
+    """The value as a Python argument, with each tensor replaced by `leaf(tensor)` and, with
+    `size`, each symbolic size (a SymInt in a constant) by `size(symint)`."""
     from ember.capture.values.containers import SequenceValue, SliceValue
 
     if isinstance(value, TensorValue):
         return leaf(value)
     if isinstance(value, SequenceValue):
-        items = [_map_tensors(v, leaf) for v in value.items]
+        items = [_map_tensors(v, leaf, size) for v in value.items]
         return items if value.python_type() is list else tuple(items)
     if isinstance(value, SliceValue):
-        return slice(*(_map_tensors(v, leaf) for v in value.parts))
+        return slice(*(_map_tensors(v, leaf, size) for v in value.parts))
     if value.is_constant():
-        return value.as_constant()
+        const = value.symbolic()
+        return _map_sizes(const, size) if size is not None else const
     raise Unsupported(
         BreakReason.UNSUPPORTED_OBJECT, f"{value.describe()} passed to a tensor operation"
     )
 
 
-def graph_arg(value: Value) -> Any:
-    """The value as an fx node argument: tensors become their nodes."""
-    return _map_tensors(value, lambda t: t.node)
+def _map_sizes(const: Any, size: Callable[[Any], Any]) -> Any:
+    if isinstance(const, SYM_TYPES):
+        return size(const)
+    if type(const) in (tuple, list, torch.Size) and any(isinstance(c, SYM_TYPES) for c in const):
+        items = [_map_sizes(c, size) for c in const]
+        return items if type(const) is list else tuple(items)
+    return const
+
+
+def graph_arg(value: Value, out: Any) -> Any:
+    """The value as an fx node argument of `out`'s graph: tensors become their nodes,
+    symbolic sizes the nodes computing them."""
+    return _map_tensors(value, lambda t: t.node, out.size_arg)
 
 
 def example_arg(value: Value) -> Any:
@@ -254,8 +269,9 @@ def tensor_op(
         raise Unsupported(
             BreakReason.TENSOR_OP_FAILED, f"{name} raised {type(exc).__name__}: {exc}"
         ) from exc
-    node_args = tuple(graph_arg(a) for a in args)
-    node_kwargs = {k: graph_arg(v) for k, v in kwargs.items()}
+    out = tx.ctx.out
+    node_args = tuple(graph_arg(a, out) for a in args)
+    node_kwargs = {k: graph_arg(v, out) for k, v in kwargs.items()}
     node = tx.ctx.out.create_node(kind, target, node_args, node_kwargs)
     written = [t for t, v in zip(inputs, versions) if t.example._version != v]
     if written:
