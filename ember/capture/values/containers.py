@@ -18,6 +18,7 @@ from ember.capture.values.base import (
     Value,
     all_constant,
     from_class_statement,
+    missing_key,
 )
 from ember.errors import BreakReason, Unsupported
 
@@ -349,7 +350,7 @@ class DictValue(Value):
     def getitem(self, tx: Translator, key: Value) -> Value:
         k = self._key(key)
         if k not in self.items:
-            raise Unsupported(BreakReason.EXCEPTION_RAISED, f"KeyError: {k!r}")
+            raise missing_key(key)
         return self.items[k]
 
     def contains(self, key: Value) -> bool:
@@ -413,7 +414,7 @@ class DictValue(Value):
                 return items.pop(k)
             if len(args) > 1:
                 return args[1]
-            raise Unsupported(BreakReason.EXCEPTION_RAISED, f"KeyError: {k!r}")
+            raise missing_key(args[0])
         if name == "clear":
             items.clear()
             return ConstantValue(None)
@@ -426,9 +427,7 @@ class DictValue(Value):
 
     def _popitem(self, last: bool) -> Value:
         if not self.items:
-            raise Unsupported(
-                BreakReason.EXCEPTION_RAISED, "KeyError: popitem(): dictionary is empty"
-            )
+            raise KeyError("popitem(): dictionary is empty")
         key = next(reversed(self.items)) if last else next(iter(self.items))
         return TupleValue([key_value(key), self.items.pop(key)])
 
