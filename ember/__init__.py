@@ -5,6 +5,7 @@ fast = ember.compile(model)          # same arguments as torch.compile
 ember.explain(fn)(*args)             # graphs, guards and graph breaks
 """
 
+from ember import torch_compat  # noqa: F401, I001  (checks the torch version first)
 from ember import config
 from ember.api import compile, reset, stats
 from ember.capture.values.compiler import (

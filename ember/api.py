@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ember import config, logs
+from ember import config, logs, torch_compat
 from ember.backends import lookup
 from ember.capture import cache as frame_cache
 from ember.capture import stats as capture_stats
@@ -26,7 +26,7 @@ from ember.capture.values.modules import has_hooks
 from ember.distributed import call_with_compiled_forward, wrapped_module
 from ember.errors import BreakReason, Unsupported
 
-functorch_active = torch._C._are_functorch_transforms_active
+functorch_active = torch_compat.functorch_transforms_active
 
 
 class CompileOptions:
@@ -134,7 +134,7 @@ def compile_function(fn: Callable[..., Any], opts: CompileOptions) -> Callable[.
         except BaseException:
             # An exception leaving a `with no_grad()` block restores the grad mode in eager;
             # break code that ran the raising call inside such a block has no handler to.
-            torch._C._set_grad_enabled(grad_mode)
+            torch_compat.set_grad_enabled(grad_mode)
             raise
 
     compiled._ember_original = original

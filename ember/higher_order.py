@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from ember import torch_compat
+
 
 def checkpoint(body: Callable[..., Any], *operands: Any, use_reentrant: bool = False) -> Any:
     """Run `body(*operands)` keeping only its inputs for the backward, which computes the
@@ -54,7 +56,7 @@ def grad(body: Callable[..., Any], argnums: tuple[int, ...], *operands: Any) -> 
 def for_inductor(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     """Backend "inductor" behind ember's capture: PyTorch's compile_fx, with ember's
     checkpoint nodes written as PyTorch's tag_activation_checkpoint (which Inductor knows)."""
-    from torch._higher_order_ops.wrap import tag_activation_checkpoint
+    tag_activation_checkpoint = torch_compat.tag_activation_checkpoint()
     from torch._inductor.compile_fx import compile_fx
 
     for module in gm.modules():

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from ember import config, logs
+from ember import config, logs, torch_compat
 from ember.aot.eager_runner import eager_compile_aten
 from ember.aot.higher_order import compile_with_cond, has_cond
 from ember.aot.program import (
@@ -66,7 +66,7 @@ class AotFunction:
         self._fast: Callable[..., Any] | None = None
         self._fast_arity = -1
         self.enables_grad = isinstance(gm, torch.fx.GraphModule) and any(
-            n.op == "call_function" and n.target is torch._C._set_grad_enabled and n.args[0]
+            n.op == "call_function" and n.target is torch_compat.set_grad_enabled and n.args[0]
             for n in gm.graph.nodes
         )
         """The graph turns grad mode on itself (`with torch.enable_grad()` inside the

@@ -19,9 +19,10 @@ from torch.nn.attention import SDPBackend
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
 
+from ember import torch_compat
 from ember.aot.symbolic import hints
 
-_SDPA = torch._C._nn.scaled_dot_product_attention
+_SDPA = torch_compat.scaled_dot_product_attention
 _FLASH = int(SDPBackend.FLASH_ATTENTION)
 
 
@@ -62,7 +63,7 @@ def _fused_like_eager(
         return None
     with _disable_current_modes():  # the stand-ins are real tensors, not recorded ones
         q, k, v, *m = map(_stand_in, tensors)
-        choice = torch._fused_sdp_choice(
+        choice = torch_compat.fused_sdp_choice(
             q, k, v, m[0] if m else None, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
         )
     if choice != _FLASH:

@@ -24,10 +24,11 @@ from typing import Any, Protocol
 import torch
 import torch.fx as fx
 
+from ember import torch_compat
 from ember.errors import BreakReason, Unsupported
 
 aten = torch.ops.aten
-OpOverload = torch._ops.OpOverload
+OpOverload = torch_compat.OpOverload
 
 
 class FunctionalizeError(Unsupported):

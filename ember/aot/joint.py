@@ -27,13 +27,13 @@ from ember.aot.program import (
     begin,
     check_input_aliasing,
     check_symbolic_floats,
-    retry_with_dynamo,
     run_forward,
 )
 from ember.aot.runtime import InferenceRuntime, TrainingRuntime
 from ember.aot.symbolic import example_input
 from ember.aot.trace import TraceError, check_functional
 from ember.errors import BreakReason
+from ember.torch_compat import without_dynamo
 
 
 @dataclass
@@ -59,7 +59,7 @@ def trace_joint(
     gm: torch.nn.Module, args: Sequence[Any], symbolic: Sequence[Any] | None = None
 ) -> JointGraph | None:
     """Trace forward and backward together; None when no output needs a gradient."""
-    return retry_with_dynamo(_trace_joint, gm, args, symbolic)
+    return without_dynamo(_trace_joint, gm, args, symbolic)
 
 
 def _trace_joint(

@@ -27,7 +27,7 @@ import networkx as nx
 import torch
 import torch.fx as fx
 
-from ember import logs
+from ember import logs, torch_compat
 from ember.aot.functionalize import is_view_op
 from ember.aot.schedule import (
     MIN_SPLIT_GAIN,
@@ -83,7 +83,7 @@ def _nbytes(node: fx.Node) -> float:
 
 def _is_view_call(node: object) -> bool:
     t = getattr(node, "target", None)
-    return isinstance(t, torch._ops.OpOverload) and is_view_op(t)
+    return isinstance(t, torch_compat.OpOverload) and is_view_op(t)
 
 
 def _storage_root(node: fx.Node) -> fx.Node:
@@ -117,7 +117,7 @@ def is_symbolic_graph(graph: fx.Graph) -> bool:
 
 def _is_random(node: fx.Node) -> bool:
     t = node.target
-    return isinstance(t, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in t.tags
+    return isinstance(t, torch_compat.OpOverload) and torch.Tag.nondeterministic_seeded in t.tags
 
 
 def recomputable(node: fx.Node) -> bool:
@@ -130,7 +130,7 @@ def recomputable(node: fx.Node) -> bool:
     if node.target is operator.getitem:
         return recomputable(node.args[0])  # type: ignore[arg-type]
     t = node.target
-    if not isinstance(t, torch._ops.OpOverload) or _is_random(node):
+    if not isinstance(t, torch_compat.OpOverload) or _is_random(node):
         return False
     if _region(node) is not None:
         return True

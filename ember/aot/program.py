@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import enum
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -28,9 +28,7 @@ from ember.aot.higher_order import run_graph
 from ember.aot.symbolic import SizeBinder, is_symbolic, meta_like, symbolic_tensor
 from ember.aot.trace import TraceError, Tracer, check_functional
 from ember.errors import BreakReason
-from ember.meta import needs_real_dynamo, no_dynamo_import
-
-T = TypeVar("T")
+from ember.torch_compat import without_dynamo
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,20 +309,7 @@ def trace_inference(
     gm: torch.nn.Module, args: Sequence[Any], symbolic: Sequence[Any] | None = None
 ) -> Program:
     """Trace gm(*args) with grad off into one functional graph (outputs + mutated inputs)."""
-    return retry_with_dynamo(_trace_inference, gm, args, symbolic)
-
-
-def retry_with_dynamo(trace: Callable[..., T], *args: Any) -> T:
-    """Trace without importing torch._dynamo; if some code needed the real module, again."""
-    try:
-        with no_dynamo_import():
-            return trace(*args)
-    except (ImportError, AttributeError) as e:
-        if not needs_real_dynamo(e):
-            raise
-    import torch._dynamo  # noqa: F401  (the traced code asked for it)
-
-    return trace(*args)
+    return without_dynamo(_trace_inference, gm, args, symbolic)
 
 
 def _trace_inference(

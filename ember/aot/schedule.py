@@ -22,6 +22,7 @@ from typing import TypeVar
 import torch
 import torch.fx as fx
 
+from ember import torch_compat
 from ember.aot.functionalize import is_view_op
 from ember.aot.symbolic import numel_hint
 
@@ -42,7 +43,7 @@ def _is_view(node: fx.Node) -> bool:
         return False
     if node.target is operator.getitem:
         return _is_view(node.args[0])  # type: ignore[arg-type]
-    return isinstance(node.target, torch._ops.OpOverload) and is_view_op(node.target)
+    return isinstance(node.target, torch_compat.OpOverload) and is_view_op(node.target)
 
 
 class _Memory:
@@ -107,7 +108,7 @@ def reorder_for_memory(
     lazy = {n for n in nodes if n.name in lazy_names}
     body = [n for n in nodes if n.op not in ("placeholder", "output", "get_attr")]
     if len(body) > MAX_NODES or any(
-        isinstance(n.target, torch._ops.OpOverload)
+        isinstance(n.target, torch_compat.OpOverload)
         and torch.Tag.nondeterministic_seeded in n.target.tags
         for n in body
     ):

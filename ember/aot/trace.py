@@ -27,11 +27,11 @@ from typing import Any
 import sympy
 import torch
 import torch.fx as fx
-from torch._dispatch.python import enable_python_dispatcher
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._sympy.functions import FloorDiv, PythonMod
 
+from ember import torch_compat
 from ember.aot.attention import EagerAttention
 from ember.aot.dropout import FusedDropout
 from ember.aot.functionalize import (
@@ -44,7 +44,8 @@ from ember.aot.functionalize import (
 )
 from ember.aot.symbolic import SYM_TYPES, is_symbolic
 from ember.errors import BreakReason, Unsupported
-from ember.meta import META, no_dynamo_import, to_meta
+from ember.meta import META, to_meta
+from ember.torch_compat import python_dispatcher
 
 aten = torch.ops.aten
 
@@ -240,9 +241,8 @@ class Tracer:
         by_device = EagerAttention() if self.device.type == "cpu" else FusedDropout()
         # symbolic sizes: C++ composite kernels need concrete sizes, their Python
         # decompositions (run through the Python dispatcher) take SymInts
-        symbolic = enable_python_dispatcher() if self._sym_sources or self._sym_nodes else None
+        symbolic = python_dispatcher() if self._sym_sources or self._sym_nodes else None
         with (
-            no_dynamo_import(),
             symbolic or contextlib.nullcontext(),
             _Recorder(self),
             by_device,
@@ -505,7 +505,7 @@ _SPECIAL: dict[Any, SpecialRule] = {
 def check_functional(graph: fx.Graph) -> None:
     """Verifier: no node of a traced graph may write its arguments."""
     for node in graph.nodes:
-        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+        if node.op == "call_function" and isinstance(node.target, torch_compat.OpOverload):
             if mutated_args(node.target):
                 raise AssertionError(f"mutating op left in functional graph: {node.format_node()}")
         if node.op not in ("output",) and "val" not in node.meta:

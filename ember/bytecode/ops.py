@@ -108,6 +108,10 @@ class Op(enum.Enum):
     WITH_EXCEPT_START = enum.auto()
     CALL_INTRINSIC_1 = enum.auto()
     GET_LEN = enum.auto()
+    MATCH_MAPPING = enum.auto()
+    MATCH_SEQUENCE = enum.auto()
+    MATCH_KEYS = enum.auto()
+    MATCH_CLASS = enum.auto()
     IMPORT_NAME = enum.auto()
     IMPORT_FROM = enum.auto()
 
@@ -150,10 +154,6 @@ UNSUPPORTED: dict[str, str] = {
     **dict.fromkeys(
         ["CHECK_EG_MATCH", "PREP_RERAISE_STAR"],
         "`except*` (exception groups) is not captured",
-    ),
-    **dict.fromkeys(
-        ["MATCH_CLASS", "MATCH_KEYS", "MATCH_MAPPING", "MATCH_SEQUENCE"],
-        "structural pattern matching is not captured",
     ),
     **dict.fromkeys(
         [

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ember import torch_compat
 from ember.bytecode import CodeBuilder, Inst, Op, decode, operands
 from ember.capture.output_graph import Harvest
 from ember.capture.resume import PASSED, Slot, StackSlot
@@ -201,7 +202,7 @@ def _set_grad_mode(cg: CodeBuilder, mode: bool | None) -> None:
     skipped as empty, or its backend may not change global state."""
     if mode is None:
         return
-    cg.load_const(torch._C._set_grad_enabled, push_null=True)
+    cg.load_const(torch_compat.set_grad_enabled, push_null=True)
     cg.load_const(mode)
     cg.call(1)
     cg.pop_top()

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ember import logs
+from ember import logs, torch_compat
 from ember.backends import backend_name
 from ember.bytecode import Op
 from ember.capture import stats
@@ -92,7 +92,7 @@ def capture_call(
         outputs = live_tensors([*live, *ctx.effects.pending_values()])
         harvest = ctx.out.harvest(outputs)
     finally:
-        torch._C._set_grad_enabled(grad_mode)
+        torch_compat.set_grad_enabled(grad_mode)
     compiled_name = None
     graph = None
     if not harvest.is_empty():
@@ -166,7 +166,7 @@ def _translate(fn: types.FunctionType, args: tuple, kwargs: dict, allow_break: b
             tracer.raised = raised.value
             return ctx, tracer, raised.value
         except RestartCapture as restart:
-            torch._C._set_grad_enabled(grad_mode)
+            torch_compat.set_grad_enabled(grad_mode)
             stop_before = (restart.steps, restart.reason)
     raise AssertionError("a restarted capture asked to restart again")
 

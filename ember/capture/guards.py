@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ember import torch_compat
 from ember.capture.sources import GuardScope, Source
 
 
@@ -283,9 +284,10 @@ def build_guard_function(guards: GuardSet, fn: types.FunctionType) -> GuardFunct
     # Factory calls without a dtype (torch.zeros(n)) were traced under this default.
     add([f"___torch.get_default_dtype() is {scope.const(torch.get_default_dtype())}"])
     # Entering or leaving autocast changes result dtypes: the entry is only valid as traced.
-    add([f"___torch._C._is_any_autocast_enabled() is {torch._C._is_any_autocast_enabled()}"])
+    add([f"___autocast() is {torch_compat.is_any_autocast_enabled()}"])
     names = dict(scope.names)
     names.update(___G=fn.__globals__, ___closure=fn.__closure__, ___torch=torch, ___id=id)
+    names["___autocast"] = torch_compat.is_any_autocast_enabled
     names["___hooks"] = torch.nn.modules.module
     names["___readable"] = scope.readable
     signature = parameter_list(fn.__code__)

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ember import torch_compat
 from ember.capture.guards import GuardKind, GuardSet
 from ember.capture.sources import Source
 from ember.capture.subgraph import module_with
@@ -41,7 +42,7 @@ class Harvest:
         """No outputs and no work. Grad-mode switches alone are no work: the replacement
         code sets the mode the frame leaves with itself."""
         return not self.output_index and not any(
-            (n.op == "call_function" and n.target is not torch._C._set_grad_enabled)
+            (n.op == "call_function" and n.target is not torch_compat.set_grad_enabled)
             or n.op == "call_method"
             for n in self.gm.graph.nodes
         )

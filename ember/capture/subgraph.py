@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.fx as fx
 
+from ember import torch_compat
 from ember.capture.values.base import ConstantValue, Value
 from ember.capture.values.containers import ListValue, TupleValue
 from ember.capture.values.tensor import TensorValue
@@ -206,7 +207,7 @@ def trace_body(
         raise _refused(what, exc) from exc
     finally:
         ctx.out = out.parent
-        torch._C._set_grad_enabled(grad_mode)
+        torch_compat.set_grad_enabled(grad_mode)
     outputs: list[TensorValue] = []
     for leaf in leaves:
         if isinstance(leaf, TensorValue) and leaf.node.graph is out.graph:

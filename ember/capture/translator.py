@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ember import config
+from ember import config, torch_compat
 from ember.bytecode import Inst, decode, handler_at
 from ember.capture.guards import GuardKind, GuardSet
 from ember.capture.output_graph import OutputGraph
@@ -210,8 +210,8 @@ class Translator:
         """Change grad mode here (so fake results carry the right requires_grad) and in the
         graph (so the compiled code does the same)."""
         if mode != torch.is_grad_enabled():
-            torch._C._set_grad_enabled(mode)
-            self.ctx.out.create_node("call_function", torch._C._set_grad_enabled, (mode,), {})
+            torch_compat.set_grad_enabled(mode)
+            self.ctx.out.create_node("call_function", torch_compat.set_grad_enabled, (mode,), {})
 
     # locations for error messages
     def location(self) -> tuple[str, str]:
@@ -386,7 +386,7 @@ class Translator:
             if node.op == "placeholder":
                 continue
             graph.erase_node(node)
-        torch._C._set_grad_enabled(cp.grad_enabled)
+        torch_compat.set_grad_enabled(cp.grad_enabled)
         self.stack, self.locals, self._lazy_args = cp.stack, cp.locals, cp.lazy_args
         self.kw_names = cp.kw_names
         return True

@@ -107,6 +107,9 @@ _BODIES = {
 }
 """Where each body of code is, and fewer code objects than it has (a body that was not
 found, or not read, fails instead of passing empty)."""
+CHOSEN = os.environ.get("EMBER_ROUNDTRIP", ",".join(_BODIES)).split(",")
+"""EMBER_ROUNDTRIP=torch narrows the bodies: .ci/run's second Python 3.11 run (another torch)
+has the same standard library as the first."""
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +121,7 @@ def pool():
         yield executor
 
 
-@pytest.mark.parametrize("body", sorted(_BODIES))
+@pytest.mark.parametrize("body", sorted(CHOSEN))
 def test_every_code_object_round_trips(body, pool):
     root, at_least = _BODIES[body]
     paths = _sources(root)

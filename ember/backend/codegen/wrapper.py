@@ -14,6 +14,7 @@ from typing import Any
 import sympy
 import torch
 
+from ember import torch_compat
 from ember.backend import sizes
 from ember.backend.ir import nodes as ir
 from ember.backend.ir.nodes import DType, Layout
@@ -164,7 +165,7 @@ class _Writer:
 
 
 def _op_source(op: Any) -> str:
-    if not isinstance(op, torch._ops.OpOverload):  # a runtime helper of ember's (a function)
+    if not isinstance(op, torch_compat.OpOverload):  # a runtime helper of ember's (a function)
         return f"__import__({op.__module__!r}, fromlist=['_']).{op.__name__}"
     ns, rest = str(op).split(".", 1)
     name, overload = rest.rsplit(".", 1) if "." in rest else (rest, "default")

@@ -333,7 +333,7 @@ class ExternCall:
     """Call a torch op; its tensor results become `outputs` (torch allocates them)."""
 
     kind: ExternKind
-    op: Any  # torch._ops.OpOverload
+    op: Any  # torch_compat.OpOverload
     args: tuple[Any, ...]  # TensorArg | constants | nested tuples
     kwargs: tuple[tuple[str, Any], ...]
     outputs: tuple[str, ...]

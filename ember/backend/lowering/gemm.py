@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ember import torch_compat
 from ember.backend.ir.nodes import DType, ExternKind, Layout
 from ember.backend.lowering.fallback import extern
 from ember.backend.lowering.registry import LowerCtx
@@ -40,7 +41,7 @@ def gemm(ctx: LowerCtx, a: Value, b: Value, bias: Value | None = None) -> Any:
         # a dynamic batch: chosen per size bucket at run time (linear_by_size)
         return extern(ctx, linear_by_size, (a, weight, bias), {}, ExternKind.LIBRARY)
     if weight is not None and _onednn_faster(*a.size, b.size[1], bias is not None):
-        op = torch.ops.mkldnn._linear_pointwise.default
+        op = torch_compat.onednn_linear()
         return extern(ctx, op, (a, weight, bias, "none", [], ""), {}, ExternKind.LIBRARY)
     if bias is None:
         return extern(ctx, aten.mm.default, (a, b), {}, ExternKind.LIBRARY)
@@ -137,20 +138,20 @@ def linear_by_size(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> 
             m, k, n, b is not None
         )
     if onednn:
-        return torch.ops.mkldnn._linear_pointwise.default(x, w, b, "none", [], "")
+        return torch_compat.onednn_linear()(x, w, b, "none", [], "")
     return torch.mm(x, w.t()) if b is None else torch.addmm(b, x, w.t())
 
 
 @functools.cache
 def _available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    return torch_compat.onednn_linear() is not None
 
 
 @functools.cache
 def _onednn_faster(m: int, k: int, n: int, with_bias: bool) -> bool:
     x, w = torch.randn(m, k), torch.randn(n, k)
     b = torch.randn(n) if with_bias else None
-    onednn = torch.ops.mkldnn._linear_pointwise.default
+    onednn = torch_compat.onednn_linear()
 
     def library() -> Any:
         return torch.mm(x, w.t()) if b is None else torch.addmm(b, x, w.t())

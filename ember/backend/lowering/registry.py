@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ember import torch_compat
 from ember.backend.ir.nodes import DType, Size
 from ember.backend.lowering.values import GraphBuilder
 from ember.backend.sizes import exprs_of
@@ -48,7 +49,7 @@ def register(*ops: Any) -> Callable[[Lowering], Lowering]:
 
     def deco(fn: Lowering) -> Lowering:
         for op in ops:
-            if isinstance(op, torch._ops.OpOverloadPacket):
+            if isinstance(op, torch_compat.OpOverloadPacket):
                 for name in op.overloads():
                     LOWERINGS.setdefault(getattr(op, name), fn)
             else:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ember import torch_compat
 from ember.capture.guards import GuardKind
 from ember.capture.sources import AttrSource, ConstSource, ItemSource, IterationSource, Source
 from ember.capture.values.base import ConstantValue, Value
@@ -82,23 +83,16 @@ def _is_torch_function(fn: Any) -> bool:
             types.BuiltinFunctionType,
             types.MethodDescriptorType,
             types.WrapperDescriptorType,
-            torch._C._FunctionBase,
+            torch_compat.FunctionBase,
         ),
     ):
         return (
             module.startswith("torch")
-            or getattr(fn, "__self__", None)
-            in (
-                torch._C._nn,
-                torch._C._VariableFunctions,
-                torch._C._linalg,
-                torch._C._fft,
-                torch._C._special,
-            )
+            or getattr(fn, "__self__", None) in torch_compat.TORCH_C_NAMESPACES
             or isinstance(getattr(fn, "__objclass__", None), type)
-            and issubclass(fn.__objclass__, torch._C.TensorBase)
+            and issubclass(fn.__objclass__, torch_compat.TensorBase)
         )
-    if isinstance(fn, torch._ops.OpOverloadPacket | torch._ops.OpOverload):
+    if isinstance(fn, torch_compat.OpOverloadPacket | torch_compat.OpOverload):
         return True
     return module in ("torch.nn.functional", "torch.functional", "torch._refs") or (
         module.startswith("torch.") and module.split(".")[1] in ("fft", "linalg", "special")

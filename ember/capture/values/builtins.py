@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ember import torch_compat
 from ember.capture.values import compiler
 from ember.capture.values.base import (
     ConstantValue,
@@ -604,7 +605,7 @@ def _constant_answer(value: Any) -> Handler:
 for _fn in (
     torch.compiler.is_compiling,
     torch.compiler.is_dynamo_compiling,
-    torch._utils.is_compiling,
+    torch_compat.is_compiling_flag,
 ):
     BUILTINS[_fn] = _constant_answer(True)
 for _fn in (torch.compiler.is_exporting, torch.jit.is_scripting, torch.jit.is_tracing):

@@ -18,7 +18,7 @@ import torch.fx.experimental.symbolic_shapes  # noqa: F401  (see below)
 from torch.utils._pytree import tree_map
 
 from ember.meta import META as _META
-from ember.meta import needs_real_dynamo, no_dynamo_import
+from ember.torch_compat import without_dynamo
 
 # Every `torch._check` in PyTorch's Python meta kernels imports symbolic_shapes on first use
 # (60-100 ms here): imported with ember rather than inside a process's first capture, as
@@ -58,13 +58,7 @@ def run_on_meta(kind: str, target: Any, args: list, kwargs: dict) -> Any:
 
 
 def _run(kind: str, target: Any, args: list, kwargs: dict) -> Any:
-    try:
-        with no_dynamo_import():
-            return _call(kind, target, args, kwargs)
-    except (ImportError, AttributeError) as exc:
-        if not needs_real_dynamo(exc):
-            raise
-    return _call(kind, target, args, kwargs)  # the kernel needed the real torch._dynamo
+    return without_dynamo(_call, kind, target, args, kwargs)
 
 
 def _call(kind: str, target: Any, args: list, kwargs: dict) -> Any:

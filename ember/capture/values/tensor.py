@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ember import torch_compat
 from ember.capture.values.base import ConstantValue, MissingAttribute, Value
 from ember.capture.values.meta import is_data_dependent_error, result_device, run_on_meta
 from ember.errors import BreakReason, Unsupported
@@ -227,7 +228,7 @@ def tensor_op(
     tx: Translator, kind: str, target: Any, args: list[Value], kwargs: dict[str, Value]
 ) -> Value:
     """Record a torch call as a graph node and return the symbolic result."""
-    if torch._C._is_any_autocast_enabled():
+    if torch_compat.is_any_autocast_enabled():
         # meta tensors do not follow autocast's dtype policy: the trace would be wrong
         raise Unsupported(
             BreakReason.UNSUPPORTED_CALL,

@@ -1,0 +1,169 @@
+"""The private PyTorch surface ember relies on, resolved in one place against the torch
+versions it was tested with.
+
+ember reaches below torch's public API where nothing public does the job: the C++ grad-mode
+switch it records into graphs, the autocast and functorch state its guards read, oneDNN's
+linear kernel, the fused-attention kernel choice, the C namespaces of torch's functions, the
+Python dispatcher for symbolic sizes, and a stand-in for `torch._dynamo` while tracing (see
+`without_dynamo`). Each is resolved here once, at `import ember`: a torch release that moves
+one fails at import with the name it lacks and the versions tested, instead of deep inside a
+user's compile, and supporting a new release means editing this module.
+
+Attributes that every torch since 1.x has kept on tensors, modules and ops (`_version`,
+`_is_view`, `_parameters`, `_buffers`, the hook dicts, `OpOverload._schema`) are used where
+they are needed; the suite runs against every version in TESTED (`.ci/run`), which is what
+keeps them honest.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import torch
+
+TESTED = ("2.13.0", "2.14.1")
+"""The torch releases the suite runs against; pyproject admits exactly this range."""
+
+T = TypeVar("T")
+
+
+def _release(text: str) -> tuple[int, ...]:
+    """(2, 14, 1) from '2.14.1+cpu' or '2.15.0a0+git...'."""
+    numbers = text.split("+")[0].split(".")[:3]
+    return tuple(int("".join(c for c in n if c.isdigit()) or 0) for n in numbers)
+
+
+def check_version(version: str = torch.__version__) -> None:
+    """Refuse a torch older than the tested range; warn once for a newer one."""
+    release = _release(version)
+    if release < _release(TESTED[0]):
+        raise ImportError(f"ember needs torch {TESTED[0]} or newer (found {version})")
+    if release[:2] > _release(TESTED[-1])[:2]:
+        warnings.warn(
+            f"ember was tested with torch {', '.join(TESTED)}; torch {version} is newer: "
+            "compiled results are still checked by guards, but private torch APIs may have "
+            "moved (see ember/torch_compat.py)",
+            stacklevel=2,
+        )
+
+
+def _resolve(path: str) -> Any:
+    """`torch.<path>`, or an ImportError that names it and the tested versions."""
+    value: Any = torch
+    for part in path.split("."):
+        try:
+            value = getattr(value, part)
+        except AttributeError:
+            raise ImportError(
+                f"ember needs torch.{path}, which torch {torch.__version__} does not have "
+                f"(tested: {', '.join(TESTED)})"
+            ) from None
+    return value
+
+
+check_version()
+
+set_grad_enabled: Callable[[bool], None] = _resolve("_C._set_grad_enabled")
+"""The switch `torch.no_grad()` and friends call; graphs record it as a node."""
+is_any_autocast_enabled: Callable[[], bool] = _resolve("_C._is_any_autocast_enabled")
+functorch_transforms_active: Callable[[], bool] = _resolve("_C._are_functorch_transforms_active")
+fused_sdp_choice: Callable[..., int] = _resolve("_fused_sdp_choice")
+scaled_dot_product_attention: Callable[..., Any] = _resolve("_C._nn.scaled_dot_product_attention")
+OpOverload: type = _resolve("_ops.OpOverload")
+OpOverloadPacket: type = _resolve("_ops.OpOverloadPacket")
+FunctionBase: type = _resolve("_C._FunctionBase")
+TensorBase: type = _resolve("_C.TensorBase")
+is_compiling_flag: Callable[[], bool] = _resolve("_utils.is_compiling")
+TORCH_C_NAMESPACES: tuple[Any, ...] = tuple(
+    _resolve(f"_C.{name}") for name in ("_nn", "_VariableFunctions", "_linalg", "_fft", "_special")
+)
+"""Where torch.* functions are defined in C: a function from one of them is a torch op."""
+
+
+def python_dispatcher() -> Any:
+    """A context in which ops on symbolic sizes run their Python meta kernels."""
+    from torch._dispatch.python import enable_python_dispatcher
+
+    return enable_python_dispatcher()
+
+
+def tag_activation_checkpoint() -> Any:
+    """PyTorch's checkpoint higher-order op (what Inductor knows), imported when needed."""
+    from torch._higher_order_ops.wrap import tag_activation_checkpoint
+
+    return tag_activation_checkpoint
+
+
+def onednn_linear() -> Any:
+    """oneDNN's `linear(x, W, b)` op, or None where this build has no oneDNN."""
+    if not torch.backends.mkldnn.is_available():
+        return None
+    packet = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
+    return None if packet is None else packet.default
+
+
+# -- tracing without importing torch._dynamo --------------------------------------------------
+#
+# PyTorch's Python meta kernels are wrapped in `torch._disable_dynamo`, whose first call imports
+# torch._dynamo only to mark the kernel "do not trace"; that import costs seconds here, more than
+# all of ember's compile. While ember traces, a stand-in module answers `disable(fn)` with `fn`
+# and records anything else asked of it; when the trace fails after such a request,
+# `without_dynamo` imports the real module and runs the trace again. The failure is recognized by
+# what the stand-in recorded, never by the error's text (Python turns a failed
+# `from torch._dynamo import x` into a plain ImportError of its own wording).
+
+
+class _StandIn(types.ModuleType):
+    """`torch._dynamo` while ember traces: `disable(fn)` is `fn`; other names are recorded
+    in `missing` and raise AttributeError."""
+
+    def __init__(self) -> None:
+        super().__init__("torch._dynamo", "ember: stands in while tracing")
+        self.missing: list[str] = []
+
+    @staticmethod
+    def disable(fn: Any = None, recursive: bool = True, wrapping: bool = True) -> Any:
+        return fn
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") and name != "__path__":  # probes: __spec__, __wrapped__ ...
+            raise AttributeError(name)
+        self.missing.append(name)  # __path__: an import of a torch._dynamo submodule
+        raise AttributeError(f"torch._dynamo.{name} (ember traces without torch._dynamo)")
+
+
+@contextmanager
+def _stand_in() -> Iterator[_StandIn | None]:
+    if "torch._dynamo" in sys.modules:  # the real one is loaded: its `disable` is there
+        yield None
+        return
+    module = _StandIn()
+    sys.modules["torch._dynamo"] = module
+    torch._dynamo = module  # type: ignore[attr-defined]
+    try:
+        yield module
+    finally:
+        if sys.modules.get("torch._dynamo") is module:
+            del sys.modules["torch._dynamo"]
+        if torch.__dict__.get("_dynamo") is module:
+            del torch._dynamo
+
+
+def without_dynamo(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`fn(*args, **kwargs)` with the stand-in torch._dynamo; again with the real one if it
+    failed after asking the stand-in for more than it has. `fn` must be safe to repeat (a
+    trace that starts afresh)."""
+    with _stand_in() as module:
+        try:
+            return fn(*args, **kwargs)
+        except Exception:
+            if module is None or not module.missing:
+                raise
+    import torch._dynamo  # noqa: F401  (the traced code asked for it)
+
+    return fn(*args, **kwargs)
