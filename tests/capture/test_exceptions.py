@@ -119,6 +119,34 @@ def p_errors_of_python_operations(x):
     return x * r
 
 
+# plain `assert` statements (pytest rewrites the ones in this file into its own hooks)
+_plain: dict = {}
+exec(
+    compile(
+        """
+def p_failed_assert_caught(x):
+    try:
+        assert x.shape[0] == 3, f"want 3 rows, got {x.shape[0]}"
+    except AssertionError as e:
+        return x * len(str(e))
+    return x
+
+
+def r_failed_assert(x):
+    y = x.neg_()
+    assert y.shape[0] == 3, "three rows"
+    return y
+""",
+        "<plain asserts>",
+        "exec",
+    ),
+    {},
+    _plain,
+)
+p_failed_assert_caught = _plain["p_failed_assert_caught"]
+r_failed_assert = _plain["r_failed_assert"]
+
+
 def p_stop_iteration(x):
     items = iter([1, 2])
     total = 0
@@ -199,6 +227,7 @@ def p_with_blocks_on_the_exception_path(x):
         p_key_error_as_control_flow,
         p_attribute_error_as_control_flow,
         p_errors_of_python_operations,
+        p_failed_assert_caught,
         p_stop_iteration,
         p_finally_on_both_paths,
         p_exception_crosses_inlined_calls,
@@ -274,6 +303,7 @@ def _raises(fn):
         (r_wrong_handler, 1),
         (r_break_then_bare_raise, 3),
         (r_tensor_in_the_exception, 0),
+        (r_failed_assert, 0),
     ],
 )
 def test_exception_leaving_the_function(fn, breaks):

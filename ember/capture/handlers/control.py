@@ -8,7 +8,7 @@ import torch
 
 from ember.bytecode import Op, stack_effect
 from ember.capture.handlers import handler
-from ember.capture.values.base import ConstantValue, Value
+from ember.capture.values.base import Value
 from ember.capture.values.containers import IteratorValue, iterator_over
 from ember.capture.values.objects import GradModeValue, UserObjectValue
 from ember.errors import BreakReason, Unsupported
@@ -168,4 +168,4 @@ def before_with(tx, inst):
 
 @handler(Op.LOAD_ASSERTION_ERROR)
 def load_assertion_error(tx, inst):
-    tx.push(ConstantValue(AssertionError))
+    tx.push(tx.ctx.builder.wrap_const(AssertionError))
