@@ -259,7 +259,7 @@ class Translator:
                     # Python raised while folding the user's code on known values (int("x"),
                     # {}["k"], 1 / 0): a handler of the trace catches it, or CPython raises it
                     if self.handled_in_trace():
-                        raise TracedRaise(python_error(self, exc)) from exc
+                        raise TracedRaise(python_error(self, exc, exact=False)) from exc
                     raise Unsupported(
                         BreakReason.EXCEPTION_RAISED, f"{type(exc).__name__}: {exc}"
                     ) from exc

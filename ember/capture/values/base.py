@@ -60,12 +60,13 @@ class FoldingRaised(Unsupported):
         self.error = error
 
 
-def missing_key(key: Value) -> Exception:
+def missing_key(key: Value) -> Unsupported:
     """The KeyError of a lookup of `key` that is not there: Python's own when the key is a
     constant (the interpreter hands it to a handler of the trace, or to CPython at a graph
     break), else a refusal that names it."""
     if key.is_constant():
-        return KeyError(key.as_constant())
+        error = KeyError(key.as_constant())
+        return FoldingRaised(error, f"KeyError: {error}")
     return Unsupported(BreakReason.EXCEPTION_RAISED, f"KeyError: {key.describe()}")
 
 

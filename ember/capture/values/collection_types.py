@@ -15,7 +15,7 @@ import types
 from typing import TYPE_CHECKING, Any
 
 from ember.capture.operators import apply
-from ember.capture.values.base import ConstantValue, Value, missing_key
+from ember.capture.values.base import ConstantValue, FoldingRaised, Value, missing_key
 from ember.capture.values.builtins import handles
 from ember.capture.values.containers import DictValue, ListValue, iterator_over
 from ember.errors import BreakReason, Unsupported
@@ -116,7 +116,9 @@ class DequeValue(ListValue):
             if args:
                 raise Unsupported(BreakReason.EXCEPTION_RAISED, f"deque.{name}() takes no index")
             if not items:
-                raise IndexError("pop from an empty deque")
+                raise FoldingRaised(
+                    IndexError("pop from an empty deque"), "IndexError: empty deque"
+                )
             self._mutate(tx)
             return items.pop(-1 if name == "pop" else 0)
         if name == "rotate":

@@ -14,6 +14,7 @@ import torch
 
 from ember.capture.values.base import (
     ConstantValue,
+    FoldingRaised,
     MissingAttribute,
     Value,
     all_constant,
@@ -427,7 +428,8 @@ class DictValue(Value):
 
     def _popitem(self, last: bool) -> Value:
         if not self.items:
-            raise KeyError("popitem(): dictionary is empty")
+            error = KeyError("popitem(): dictionary is empty")
+            raise FoldingRaised(error, f"KeyError: {error}")
         key = next(reversed(self.items)) if last else next(iter(self.items))
         return TupleValue([key_value(key), self.items.pop(key)])
 

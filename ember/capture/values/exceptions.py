@@ -237,28 +237,32 @@ def construct_exception(
     return exc
 
 
-def python_error(tx: Translator, error: BaseException) -> ExceptionValue:
-    """The Value of an exception Python raised while the trace folded constants
-    (`{}["k"]`, `int("x")`, `1 / 0`): its class and constant arguments."""
+def python_error(tx: Translator, error: BaseException, exact: bool = True) -> ExceptionValue:
+    """The Value of an exception Python raised while the trace computed the user's
+    operation on constants (`{}["k"]`, `1 / 0`): its class and constant arguments. Not
+    `exact` when it only surfaced in ember's model of an operation (a LookupError or
+    ValueError from a handler): leaving the function, CPython raises its own instead."""
     exc = ExceptionValue(type(error), [ConstantValue(a) for a in error.args])
     for name in exc.fields:
         exc.fields[name] = ConstantValue(getattr(error, name, None))
+    if not exact:
+        _mark_synthesized(tx, exc)
     return exc
 
 
-def synthesized(tx: Translator, cls: type[BaseException], message: str | None) -> ExceptionValue:
-    """An exception that ember's model of a builtin raises, its message ember's wording."""
-    exc = ExceptionValue(cls, [ConstantValue(message)] if message is not None else [])
+def _mark_synthesized(tx: Translator, exc: ExceptionValue) -> None:
     root = tx
     while root.parent is not None:
         root = root.parent
     exc.synthesized_at = root.steps_before_current()
-    return exc
 
 
 def from_missing_attribute(tx: Translator, missing: MissingAttribute) -> ExceptionValue:
+    """The AttributeError of a missing attribute, in ember's wording (see `python_error`)."""
     detail = missing.detail.removeprefix("AttributeError: ")
-    return synthesized(tx, AttributeError, detail)
+    exc = ExceptionValue(AttributeError, [ConstantValue(detail)])
+    _mark_synthesized(tx, exc)
+    return exc
 
 
 def raised_type(value: Value) -> type | None:
