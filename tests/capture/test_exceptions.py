@@ -15,6 +15,7 @@ import sys
 
 import pytest
 import torch
+import torch.utils.checkpoint
 from fidelity_harness import check, tensors
 
 import ember
@@ -457,6 +458,27 @@ def test_break_in_a_generator_context_manager_ends_the_graph_before_it():
 def _line_of(fn, text: str) -> int:
     lines, first = inspect.getsourcelines(fn)
     return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+def _body_raising(x):
+    if x.shape[0] == 4:
+        raise ValueError("four")
+    return x.sin()
+
+
+def b_raise_inside_checkpoint(x):
+    try:
+        return torch.utils.checkpoint.checkpoint(_body_raising, x, use_reentrant=False)
+    except ValueError:
+        return x.cos()
+
+
+def test_exception_inside_a_higher_order_op_breaks_before_it():
+    """As under Dynamo, a body that raises is not one graph node: the break at the
+    checkpoint call lets CPython raise, and the handler resumes."""
+    counts = check(b_raise_inside_checkpoint, tensors((4,)), dynamo=False)
+    assert counts.eager_frames == 0 and counts.breaks == 1
+    assert "ValueError exception raised" in ember.stats()["break_reasons"][0]
 
 
 def test_breaks_report_the_user_line():
