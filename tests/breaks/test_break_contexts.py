@@ -563,13 +563,17 @@ def test_long_while_loop_of_breaks_does_not_exhaust_the_stack():
     assert cnt.frame_count <= 3  # the first graph and the loop's resume functions, reused
 
 
+_SCRATCH = None
+
+
 def raise_in_block_after_resume(x, fail):
+    global _SCRATCH
     with torch.no_grad():
         y = x * 2
         record_mode("in")
-        match [2]:  # a break ember cannot resume after: the resume function runs eagerly
-            case [a]:
-                y = y * a
+        _SCRATCH = 2
+        del _SCRATCH  # a break ember cannot resume after: the resume function runs eagerly
+        y = y * 2
         z = (y + 1) * check(fail)  # raises with values on the stack above the block's
     return z
 
