@@ -154,10 +154,12 @@ def capture_call(
 
 
 def _translate(fn: types.FunctionType, args: tuple, kwargs: dict, allow_break: bool) -> tuple:
-    """Run the root translator; once more, stopping earlier, if it asks for a restart."""
+    """Run the root translator; again, stopping earlier, while it asks for a restart (a
+    break inside a callee, then where a `with` block's manager was made, ...). Each restart
+    stops strictly before the last one, so this ends."""
     grad_mode = torch.is_grad_enabled()
     stop_before = None
-    for _ in range(3):  # a break in a callee, then before a `with` statement
+    while True:
         ctx = CaptureContext.new(fn)
         tracer = root_translator(ctx, fn, args, kwargs, allow_break, stop_before)
         try:
@@ -167,8 +169,9 @@ def _translate(fn: types.FunctionType, args: tuple, kwargs: dict, allow_break: b
             return ctx, tracer, raised.value
         except RestartCapture as restart:
             torch_compat.set_grad_enabled(grad_mode)
+            if stop_before is not None and restart.steps >= stop_before[0]:
+                raise AssertionError("a restarted capture asked to restart as late") from restart
             stop_before = (restart.steps, restart.reason)
-    raise AssertionError("a restarted capture asked to restart again")
 
 
 def _handler(fn: types.FunctionType, tracer: Any) -> Handler | None:

@@ -455,6 +455,42 @@ def test_break_in_a_generator_context_manager_ends_the_graph_before_it():
     assert first.endswith(f"test_exceptions.py:{with_line}")
 
 
+@contextlib.contextmanager
+def numbered_scope(n):
+    OUT.append(("enter", n))
+    try:
+        yield
+    finally:
+        OUT.append(("exit", n))
+
+
+def _prints_then_adds(y):
+    print("inner")
+    return y + 1
+
+
+def b_break_in_a_callee_in_nested_generator_contexts(x):
+    y = x + 1
+    with numbered_scope(1):
+        y = y * 2
+        with numbered_scope(2):
+            y = _prints_then_adds(y)
+            y = y - 1
+    return y
+
+
+def test_nested_generator_contexts_restart_until_the_outer_manager():
+    """A break inside a callee restarts the capture at the call; the inner manager, then
+    the outer one, cannot be rebuilt there, so it restarts earlier each time."""
+    check(
+        b_break_in_a_callee_in_nested_generator_contexts,
+        tensors((4,)),
+        state=_state,
+        reset=_reset,
+        eager_frames=1,
+    )
+
+
 def _line_of(fn, text: str) -> int:
     lines, first = inspect.getsourcelines(fn)
     return first + next(i for i, line in enumerate(lines) if text in line)
