@@ -10,6 +10,7 @@ from ember.bytecode.analysis import (
     ExceptionEntry,
     enclosing_blocks,
     exception_table,
+    handler_at,
     live_locals,
     stack_depth,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "decode",
     "enclosing_blocks",
     "exception_table",
+    "handler_at",
     "live_locals",
     "operands",
     "stack_depth",

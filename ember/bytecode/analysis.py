@@ -63,6 +63,28 @@ def exception_table(code: types.CodeType) -> list[ExceptionEntry]:
     return entries
 
 
+_handlers: weakref.WeakKeyDictionary[types.CodeType, dict[int, ExceptionEntry]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def handler_at(code: types.CodeType, offset: int) -> ExceptionEntry | None:
+    """The exception-table entry that covers the instruction at `offset` (where an
+    exception raised there goes), or None when it leaves the frame. Entries do not overlap,
+    so the first that covers the offset is the one."""
+    table = _handlers.get(code)
+    if table is None:
+        table = _handlers[code] = {}
+        entries = sorted(exception_table(code), key=lambda e: e.start)
+        at = 0
+        for inst in decode(code):
+            while at < len(entries) and entries[at].end <= inst.offset:
+                at += 1
+            if at < len(entries) and entries[at].start <= inst.offset:
+                table[inst.offset] = entries[at]
+    return table.get(offset)
+
+
 def _write_varint(out: bytearray, value: int, first: bool) -> None:
     groups = [value & 63]
     value >>= 6

@@ -16,7 +16,7 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-from bytecode import Bytecode, CellVar, Compare, FreeVar, Instr, Label, SetLineno
+from bytecode import Bytecode, CellVar, Compare, FreeVar, Instr, Label, SetLineno, TryBegin, TryEnd
 
 from ember.bytecode.decode import Inst
 from ember.bytecode.dialect import THIS
@@ -193,11 +193,40 @@ class CodeBuilder:
             self.emit("TO_BOOL")
         self.emit(f"{THIS.conditional_jump_prefix}{condition}", label)
 
+    def catch_raised(self, depth: int) -> None:
+        """Raise the exception on top and catch it at once, with `depth` slots below it:
+        PUSH_EXC_INFO leaves [the exception handled before, the exception] and makes it the
+        one being handled (`sys.exc_info()`), as when CPython enters an `except` block."""
+        caught = Label()
+        begin = TryBegin(caught, push_lasti=False, stack_depth=depth)
+        self.bc.append(begin)
+        self.emit("RAISE_VARARGS", 1)
+        self.bc.append(TryEnd(begin))
+        self.place(caught)
+        self.emit("PUSH_EXC_INFO")
+
+    def pop_except(self) -> None:
+        """Pop the exception handled before and make it the one being handled again."""
+        self.emit("POP_EXCEPT")
+
+    @contextlib.contextmanager
+    def try_block(self, handler: Label) -> Iterator[None]:
+        """An exception raised by the instructions emitted inside goes to `handler`, with
+        the stack cut to its depth at the start of the block and the exception on top."""
+        begin = TryBegin(handler, push_lasti=False)
+        self.bc.append(begin)
+        yield
+        self.bc.append(TryEnd(begin))
+
     def jump_forward(self, label: Label) -> None:
         self.emit("JUMP_FORWARD", label)
 
     def return_value(self) -> None:
         self.emit("RETURN_VALUE")
+
+    def raise_exception(self) -> None:
+        """Raise the exception on top of the stack."""
+        self.emit("RAISE_VARARGS", 1)
 
     def to_code(self) -> types.CodeType:
         """The code object. Straight-line code with forward jumps only (every replacement

@@ -14,7 +14,7 @@ import types
 
 from bytecode import Instr, Label, TryBegin
 
-from ember.bytecode.analysis import exception_table
+from ember.bytecode.analysis import exception_table, stack_depth
 from ember.bytecode.assemble import CodeBuilder
 
 
@@ -53,9 +53,13 @@ class Continuation(CodeBuilder):
         return sum(isinstance(e, Instr) for e in self.bc) + 1
 
     def to_code(self) -> types.CodeType:
+        """The code object, sized by ember's own stack analysis: the `bytecode` package
+        carries the smallest depth of the prologue into the handlers of a try block entered
+        in the middle, and finds a negative depth there when the block is in a loop."""
         self.jump_forward(self._entry)
         self.bc.extend(self._body)
-        return self.bc.to_code(compute_exception_stack_depths=False)
+        code = self.bc.to_code(stacksize=0, compute_exception_stack_depths=False)
+        return code.replace(co_stacksize=stack_depth(code).highest)
 
 
 def _keep_handler_depths(code: types.CodeType, entries: list) -> None:

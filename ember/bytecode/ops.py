@@ -101,6 +101,11 @@ class Op(enum.Enum):
     SEND = enum.auto()
     END_SEND = enum.auto()
     RAISE_VARARGS = enum.auto()
+    PUSH_EXC_INFO = enum.auto()
+    POP_EXCEPT = enum.auto()
+    CHECK_EXC_MATCH = enum.auto()
+    RERAISE = enum.auto()
+    WITH_EXCEPT_START = enum.auto()
     CALL_INTRINSIC_1 = enum.auto()
     GET_LEN = enum.auto()
     MATCH_MAPPING = enum.auto()
@@ -147,16 +152,8 @@ UNSUPPORTED: dict[str, str] = {
         "coroutines and async code are not captured",
     ),
     **dict.fromkeys(
-        [
-            "PUSH_EXC_INFO",
-            "POP_EXCEPT",
-            "CHECK_EXC_MATCH",
-            "CHECK_EG_MATCH",
-            "RERAISE",
-            "PREP_RERAISE_STAR",
-            "WITH_EXCEPT_START",
-        ],
-        "exception handlers only run when traced code raises, which ends the capture",
+        ["CHECK_EG_MATCH", "PREP_RERAISE_STAR"],
+        "`except*` (exception groups) is not captured",
     ),
     **dict.fromkeys(
         [

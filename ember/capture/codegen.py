@@ -14,6 +14,7 @@ User functions called at the break go through ember again.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import types
 from collections.abc import Callable
@@ -23,9 +24,8 @@ import torch
 
 from ember import torch_compat
 from ember.bytecode import CodeBuilder, Inst, Op, decode, operands
-from ember.capture.handlers.control import ExitValue
 from ember.capture.output_graph import Harvest
-from ember.capture.resume import Slot, StackSlot, leave_grad_block
+from ember.capture.resume import PASSED, Slot, StackSlot
 from ember.capture.shapes import concrete, has_symbols, is_symbolic
 from ember.capture.side_effects import SideEffects
 from ember.capture.sources import Source
@@ -39,6 +39,7 @@ from ember.capture.values.containers import (
     TupleValue,
     key_value,
 )
+from ember.capture.values.exceptions import SavedException
 from ember.capture.values.functions import (
     BoundMethodValue,
     MethodValue,
@@ -48,7 +49,7 @@ from ember.capture.values.functions import (
 )
 from ember.capture.values.mappings import DictObjectValue
 from ember.capture.values.modules import has_hooks
-from ember.capture.values.objects import GradModeValue, ModuleValue, UserObjectValue
+from ember.capture.values.objects import ModuleValue, UserObjectValue
 from ember.capture.values.tensor import TensorValue
 from ember.errors import BreakReason, Unsupported
 
@@ -153,7 +154,7 @@ def live_tensors(values: list[Value]) -> list[TensorValue | ConstantValue]:
                 visit(key_value(key))
                 visit(item)
         elif isinstance(v, UserObjectValue) and v.is_new:
-            for item in v.attrs.values():
+            for item in [*v.attrs.values(), *v.contained()]:
                 visit(item)
             if isinstance(v, DictObjectValue):
                 visit(v.contents)
@@ -197,6 +198,19 @@ class BreakSite:
     grad_mode: bool | None = None
     """The grad mode at the break, where the code before it changed it (a `with no_grad()`
     block the break is inside): set before the unsupported instruction runs."""
+    handler: Handler | None = None
+    """Where an exception raised by the instruction goes in the user's code (the break is
+    inside a try or `with` block), or None when it leaves the function."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Handler:
+    """The exception-table entry of the instruction that broke: the handler's instruction
+    index, the stack depth it keeps, and whether it also takes the raising offset."""
+
+    target: int
+    depth: int
+    lasti: bool
 
 
 def _call_graph(cg: CodeBuilder, compiled_name: str | None, harvest: Harvest) -> None:
@@ -227,15 +241,21 @@ def build_replacement(
     effects: SideEffects,
     result: Value,
     grad_mode: bool | None = None,
+    raised: Value | None = None,
 ) -> types.CodeType:
-    """The code object that replaces the user's function body for one cache entry."""
+    """The code object that replaces the user's function body for one cache entry: it
+    returns `result`, or raises `raised` (an exception that left the traced function)."""
     cg = CodeBuilder(template)
     em = Emitter(cg, harvest)
     _call_graph(cg, compiled_name, harvest)
     _set_grad_mode(cg, grad_mode)
-    em.reconstruct(result)  # before the replay: the result may read state the replay changes
+    # before the replay: the result may read state the replay changes
+    em.reconstruct(result if raised is None else raised)
     effects.replay(em)
-    cg.return_value()
+    if raised is None:
+        cg.return_value()
+    else:
+        cg.raise_exception()
     return cg.to_code()
 
 
@@ -327,6 +347,8 @@ def _reconstruct_callee(em: Emitter, value: Value, site: BreakSite) -> None:
 def _slot(value: Value) -> StackSlot:
     if isinstance(value, NullValue):
         return StackSlot(Slot.NULL)
+    if isinstance(value, SavedException):
+        return StackSlot(Slot.HANDLING)
     if isinstance(value, IteratorValue):
         return StackSlot(Slot.ITERATOR)
     if isinstance(value, MethodValue):
@@ -355,7 +377,7 @@ def _call_resume(
     cg.load_const(resume, push_null=True)
     count = 0
     for i, slot in enumerate(slots):
-        if slot.kind is not Slot.NULL:
+        if slot.kind in PASSED:
             cg.load_fast(break_temp(i))
             count += 1
     for local in local_names:
@@ -399,8 +421,8 @@ def build_break_replacement(
         elif isinstance(value, NestedFunctionValue) and i >= base:
             # a function argument of the broken call (`sorted(xs, key=lambda v: ...)`)
             _rebuild_nested_function(em, value, site, compiled=False)
-        elif isinstance(value, ExitValue) and isinstance(value.manager, GradModeValue):
-            cg.load_const(leave_grad_block(value.manager.saved[-1]))
+        elif kind is Slot.HANDLING:
+            em.reconstruct(value.handled)
         elif kind is Slot.VALUE:
             em.reconstruct(value)
         else:
@@ -422,12 +444,17 @@ def build_break_replacement(
     local_names = list(site.locals) + site.untouched_args + list(site.cells)
     # the resume function is called in the mode the frame was entered in (see make_resume)
     entry_mode = None if site.grad_mode is None else not site.grad_mode
+    handler = cg.label()
+    guarded = cg.try_block(handler) if site.handler is not None else contextlib.nullcontext()
     if inst.op in _JUMP_CONDITIONS:
         rest = slots[:-1]
         _set_grad_mode(cg, entry_mode)
-        cg.load_fast(break_temp(len(stack) - 1))
+        handled = _handle_again(cg, slots, base)
         taken = cg.label()
-        cg.pop_jump_if(_JUMP_CONDITIONS[inst.op], taken)
+        with guarded:  # the truth of a tensor may raise
+            cg.load_fast(break_temp(len(stack) - 1))
+            cg.pop_jump_if(_JUMP_CONDITIONS[inst.op], taken)
+        _stop_handling(cg, handled)
         _call_resume(
             cg,
             site.make_resume(inst.index + 1, rest, local_names, site.grad_mode),
@@ -436,6 +463,7 @@ def build_break_replacement(
             site.cells,
         )
         cg.place(taken)
+        _stop_handling(cg, handled)
         _call_resume(
             cg,
             site.make_resume(inst.target, rest, local_names, site.grad_mode),
@@ -443,6 +471,7 @@ def build_break_replacement(
             local_names,
             site.cells,
         )
+        _resume_at_handler(cg, site, handler, slots, local_names, entry_mode, handled)
         return cg.to_code()
     if not can_resume_after(inst):
         raise Unsupported(
@@ -455,18 +484,20 @@ def build_break_replacement(
     if inst.op is Op.CALL_KW:  # the names are the top slot, which `call` loads itself
         kw_names = stack[-1].as_constant()
         pushed_back -= 1
-    for i in range(base, pushed_back):
-        if slots[i].kind is Slot.NULL:
-            cg.push_null()
-        else:
-            cg.load_fast(break_temp(i))
-            if slots[i].kind is Slot.ITERATOR:
-                cg.get_iter()
-    _emit_unsupported(cg, inst, kw_names)
-    rest = slots[:base]
-    if pushes:
-        cg.store_fast(break_temp(base))
-        rest = [*rest, StackSlot(Slot.VALUE)]
+    handled = _handle_again(cg, slots, base)
+    with guarded:  # from its operands on: 3.13 finds the handler of a failed call there
+        for i in range(base, pushed_back):
+            if slots[i].kind is Slot.NULL:
+                cg.push_null()
+            else:
+                cg.load_fast(break_temp(i))
+                if slots[i].kind is Slot.ITERATOR:
+                    cg.get_iter()
+        _emit_unsupported(cg, inst, kw_names)
+    for i in reversed(range(base, base + pushes)):
+        cg.store_fast(break_temp(i))
+    rest = [*slots[:base], *[StackSlot(Slot.VALUE)] * pushes]
+    _stop_handling(cg, handled)
     _set_grad_mode(cg, entry_mode)
     _call_resume(
         cg,
@@ -475,7 +506,60 @@ def build_break_replacement(
         local_names,
         site.cells,
     )
+    _resume_at_handler(cg, site, handler, slots, local_names, entry_mode, handled)
     return cg.to_code()
+
+
+def _handle_again(cg: CodeBuilder, slots: list[StackSlot], below: int) -> bool:
+    """A break inside an `except` block: the instruction runs with the block's exception
+    handled by CPython (`sys.exc_info()`, `logging.exception`), so break code raises and
+    catches it again; the exception handled before stays on the stack for POP_EXCEPT."""
+    handled = [i for i, slot in enumerate(slots[:below]) if slot.kind is Slot.HANDLING]
+    if not handled:
+        return False
+    cg.load_fast(break_temp(handled[-1]))
+    cg.catch_raised(0)
+    cg.pop_top()
+    return True
+
+
+def _stop_handling(cg: CodeBuilder, handled: bool) -> None:
+    if handled:
+        cg.pop_except()
+
+
+def _resume_at_handler(
+    cg: CodeBuilder,
+    site: BreakSite,
+    label: Any,
+    slots: list[StackSlot],
+    local_names: list[str],
+    entry_mode: bool | None,
+    handled: bool,
+) -> None:
+    """Where the instruction run at the break raises inside a try or `with` block: the
+    exception goes to a resume function that continues at the block's handler, with the
+    stack the handler keeps, (the raising offset,) and the exception, as CPython would
+    jump there. The offset is only read back by a RERAISE to set the frame's line, so the
+    first instruction's stands for it."""
+    if site.handler is None:
+        return
+    depth, lasti = site.handler.depth, site.handler.lasti
+    cg.place(label)
+    cg.store_fast(break_temp(depth + lasti))
+    if lasti:
+        cg.load_const(0)
+        cg.store_fast(break_temp(depth))
+    _stop_handling(cg, handled)
+    at_handler = [*slots[:depth], *[StackSlot(Slot.VALUE)] * (1 + lasti)]
+    _set_grad_mode(cg, entry_mode)
+    _call_resume(
+        cg,
+        site.make_resume(site.handler.target, at_handler, local_names, site.grad_mode),
+        at_handler,
+        local_names,
+        site.cells,
+    )
 
 
 _CALLS = (Op.CALL, Op.CALL_KW, Op.CALL_FUNCTION_EX)
@@ -494,10 +578,29 @@ _REPLAYABLE = frozenset(
         Op.DELETE_ATTR,
         Op.STORE_SUBSCR,
         Op.DELETE_SUBSCR,
+        Op.BEFORE_WITH,
     }
 )
 """Instructions other than calls that break code can run in CPython as they are
-(`x[mask]`, `t.grad`, `del obj.attr` break here)."""
+(`x[mask]`, `t.grad`, `del obj.attr` break here; BEFORE_WITH where the `__exit__` of a
+context manager could not be rebuilt later in the block)."""
+
+
+class _Probe(Emitter):
+    """An emitter that only finds out whether values can be rebuilt (tensors count as
+    rebuildable: they become graph outputs)."""
+
+    def load_tensor(self, value: TensorValue) -> None:
+        pass
+
+
+def can_rebuild(template: types.CodeType, value: Value) -> bool:
+    """Whether break code could rebuild `value` (a `with` block's `__exit__`)."""
+    try:
+        _Probe(CodeBuilder(template), {}).reconstruct(value)
+    except Unsupported:
+        return False
+    return True
 
 
 def can_resume_after(inst: Inst) -> bool:

@@ -21,26 +21,28 @@ import torch
 
 from ember import logs, torch_compat
 from ember.backends import backend_name
+from ember.bytecode import Op
 from ember.capture import stats
 from ember.capture.cache import CacheEntry
 from ember.capture.codegen import (
     BreakSite,
+    Handler,
     build_break_replacement,
     build_replacement,
     can_resume_after,
     live_tensors,
 )
 from ember.capture.guards import build_guard_function
-from ember.capture.handlers.control import ExitValue
+from ember.capture.handlers.control import enters_in_python
 from ember.capture.resume import (
     StackSlot,
-    enclosing_blocks,
-    is_grad_exit,
+    handler_at,
     live_locals,
     make_resume_function,
 )
 from ember.capture.shapes import DynamicPolicy, SizeRecord
 from ember.capture.translator import CaptureContext, RestartCapture, root_translator
+from ember.capture.values.exceptions import TracedRaise
 from ember.capture.values.iterators import settle_iterators
 from ember.capture.values.objects import CellValue
 from ember.distributed import active_ddp, split_at_buckets
@@ -110,7 +112,9 @@ def capture_call(
         fn.__globals__[compiled_name] = compiled
     if brk is None:
         changed = mode_at_break if mode_at_break != grad_mode else None
-        code = build_replacement(fn.__code__, compiled_name, harvest, ctx.effects, result, changed)
+        code = build_replacement(
+            fn.__code__, compiled_name, harvest, ctx.effects, result, changed, tracer.raised
+        )
     else:
         logs.log("graph_breaks", "graph break in %s: %s", fn.__qualname__, brk.reason)
         untouched = [k for k in tracer._lazy_args if k in names]
@@ -124,6 +128,7 @@ def capture_call(
             functools.partial(_install_resume, fn, tracer, wrap),
             wrap,
             mode_at_break if mode_at_break != grad_mode else None,
+            _handler(fn, tracer),
         )
         try:
             code = build_break_replacement(fn.__code__, compiled_name, harvest, ctx.effects, site)
@@ -171,25 +176,44 @@ def _translate(
     allow_break: bool,
     policy: DynamicPolicy | None,
 ) -> tuple:
-    """Run the root translator; once more, stopping earlier, if it asks for a restart."""
+    """Run the root translator; again, stopping earlier, while it asks for a restart (a
+    break inside a callee, then where a `with` block's manager was made, ...). Each restart
+    stops strictly before the last one, so this ends."""
     grad_mode = torch.is_grad_enabled()
     stop_before = None
-    for _ in range(2):
+    while True:
         ctx = CaptureContext.new(fn, policy)
         tracer = root_translator(ctx, fn, args, kwargs, allow_break, stop_before)
         try:
             return ctx, tracer, tracer.run()
+        except TracedRaise as raised:  # leaves the function: its replacement raises it
+            tracer.raised = raised.value
+            return ctx, tracer, raised.value
         except RestartCapture as restart:
             torch_compat.set_grad_enabled(grad_mode)
+            if stop_before is not None and restart.steps >= stop_before[0]:
+                raise AssertionError("a restarted capture asked to restart as late") from restart
             stop_before = (restart.steps, restart.reason)
-    raise AssertionError("a restarted capture asked to restart again")
+
+
+def _handler(fn: types.FunctionType, tracer: Any) -> Handler | None:
+    """The handler an exception raised by the broken instruction goes to, if any."""
+    entry = handler_at(fn.__code__, tracer.graph_break.inst.offset)
+    if entry is None:
+        return None
+    target = next(i.index for i in tracer.insts if i.offset == entry.target)
+    return Handler(target, entry.depth, entry.lasti)
 
 
 def _live_after(fn: types.FunctionType, tracer: Any) -> frozenset[str]:
-    """The locals read after the break, wherever it continues (both sides of a branch).
-    A resume function's own stack parameters are dead once its prologue has run."""
+    """The locals read after the break, wherever it continues (both sides of a branch, and
+    the handler an exception goes to). A resume function's own stack parameters are dead
+    once its prologue has run."""
     inst = tracer.graph_break.inst
     targets = [inst.index + 1] + ([inst.target] if inst.target is not None else [])
+    handler = _handler(fn, tracer)
+    if handler is not None:
+        targets.append(handler.target)
     names: frozenset[str] = frozenset()
     for target in targets:
         if target < len(tracer.insts):
@@ -222,10 +246,11 @@ def _runs_eagerly(reason: Unsupported, why: str) -> Unsupported:
 
 
 def _check_resumable(fn: types.FunctionType, tracer: Any) -> None:
-    """A break inside a try block, or a `with` block other than a grad-mode one, cannot
-    resume (the handler would be lost, or the context could not be entered again). Inside
-    grad-mode blocks it can: the resume function's copy of the code keeps the block's handler,
-    and its stack holds an `__exit__` that restores the outer mode."""
+    """Inside try and `with` blocks a break resumes: the break code sends an exception of
+    the instruction to a resume function at the block's handler, and the resume functions'
+    copies of the code keep the blocks. A `with` block needs its `__exit__` on the stack:
+    grad-mode blocks get one that restores the outer mode, context managers written in Python
+    their own bound `__exit__`."""
     reason = tracer.graph_break.reason
     if not can_resume_after(tracer.graph_break.inst):
         raise _runs_eagerly(
@@ -233,15 +258,12 @@ def _check_resumable(fn: types.FunctionType, tracer: Any) -> None:
             f"at {tracer.graph_break.inst.opname}, which ember cannot run on its own and "
             "resume after",
         )
-    blocks = enclosing_blocks(fn.__code__, tracer.graph_break.inst)
-    exits = [v for v in tracer.stack if isinstance(v, ExitValue) or is_grad_exit(v)]
-    if blocks and (
-        not all(blocks) or len(blocks) != len(exits) or not all(map(is_grad_exit, exits))
-    ):
+    inst = tracer.graph_break.inst
+    if inst.op is Op.BEFORE_WITH and not enters_in_python(tracer.stack[-1]):
         raise _runs_eagerly(
             reason,
-            "inside a try block or a `with` block other than "
-            "no_grad/enable_grad/set_grad_enabled, where ember cannot resume",
+            f"`with` on {tracer.stack[-1].describe()}: ember captures the inside of context "
+            "managers written in Python only",
         )
 
 

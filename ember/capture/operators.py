@@ -11,7 +11,7 @@ import collections.abc
 import operator
 from typing import TYPE_CHECKING, Any
 
-from ember.capture.values.base import ConstantValue, Value, all_constant
+from ember.capture.values.base import ConstantValue, FoldingRaised, Value, all_constant
 from ember.capture.values.containers import (
     DictValue,
     IteratorValue,
@@ -83,9 +83,8 @@ def apply(tx: Translator, fn: Any, args: list[Value]) -> Value:
         try:
             return ConstantValue(fn(*(a.symbolic() for a in args)))
         except Exception as exc:
-            raise Unsupported(
-                BreakReason.EXCEPTION_RAISED,
-                f"{fn.__name__} on constants raised {type(exc).__name__}: {exc}",
+            raise FoldingRaised(
+                exc, f"{fn.__name__} on constants raised {type(exc).__name__}: {exc}"
             ) from exc
     result = _containers(tx, fn, args)
     if result is not None:
@@ -197,7 +196,7 @@ def _containers(tx: Translator, fn: Any, args: list[Value]) -> Value | None:
         try:
             result = fn(a.symbolic(), b.symbolic())
         except Exception as exc:
-            raise Unsupported(BreakReason.EXCEPTION_RAISED, f"{fn.__name__}: {exc}") from exc
+            raise FoldingRaised(exc, f"{fn.__name__}: {exc}") from exc
         if isinstance(result, list):
             return ListValue([ConstantValue(v) for v in result])
         if isinstance(result, tuple) and type(result) is tuple:  # a torch.Size stays one

@@ -25,11 +25,12 @@ from collections.abc import Callable
 
 import torch
 
-from ember.bytecode import (  # noqa: F401  (frame.py takes the two analyses from here)
+from ember.bytecode import (  # noqa: F401  (frame.py takes the analyses from here)
     CannotContinue,
     Continuation,
     Inst,
     enclosing_blocks,
+    handler_at,
     live_locals,
 )
 from ember.errors import BreakReason, Unsupported
@@ -42,6 +43,12 @@ class Slot(enum.Enum):
     NULL = "the NULL of the call convention, pushed back by the prologue"
     ITERATOR = "the remaining items of a loop's iterator, passed as a tuple and re-iterated"
     METHOD = "a method: its receiver is passed and the prologue looks the method up again"
+    HANDLING = (
+        "inside an `except` block, the slot that PUSH_EXC_INFO fills with the exception "
+        "handled before: the block's own exception is passed, and the prologue raises and "
+        "catches it, so that CPython handles it (`sys.exc_info()`, a bare `raise`) and saves "
+        "the one before"
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -84,6 +91,10 @@ def _leave_to_enabled(*exc_info: object) -> None:
 
 def _leave_to_disabled(*exc_info: object) -> None:
     torch.set_grad_enabled(False)
+
+
+PASSED = frozenset({Slot.VALUE, Slot.ITERATOR, Slot.METHOD, Slot.HANDLING})
+"""The slots that travel as parameters (the others the prologue pushes itself)."""
 
 
 def stack_param(i: int) -> str:
@@ -150,7 +161,7 @@ def _build(
     """Copy `code`, with a prologue that pushes the stack slots back and jumps to the
     instruction of the given ordinal. Cell variables stay cells: live ones arrive as
     parameters, which the copied MAKE_CELL instructions turn into fresh cells."""
-    stack_names = [stack_param(i) for i, slot in enumerate(slots) if slot.kind is not Slot.NULL]
+    stack_names = [stack_param(i) for i, slot in enumerate(slots) if slot.kind in PASSED]
     params = [
         name if name.isidentifier() else f"___local_{i}" for i, name in enumerate(local_names)
     ]
@@ -173,7 +184,10 @@ def _build(
             cg.push_null()
             continue
         cg.load_fast(stack_param(i))
-        if slot.kind is Slot.ITERATOR:
+        if slot.kind is Slot.HANDLING:
+            cg.catch_raised(i)
+            cg.pop_top()
+        elif slot.kind is Slot.ITERATOR:
             cg.get_iter()
         elif slot.kind is Slot.METHOD:
             cg.load_attr(slot.attr)

@@ -25,6 +25,7 @@ import torch.fx as fx
 from ember import torch_compat
 from ember.capture.values.base import ConstantValue, Value
 from ember.capture.values.containers import ListValue, TupleValue
+from ember.capture.values.exceptions import TracedRaise
 from ember.capture.values.tensor import TensorValue
 from ember.errors import BreakReason, Unsupported
 
@@ -209,6 +210,9 @@ def trace_body(
         leaves = leaves_of(result, what)
     except Unsupported as exc:
         raise _refused(what, exc) from exc
+    except TracedRaise as exc:  # as under Dynamo: CPython raises it, at a break before
+        raised = Unsupported(BreakReason.EXCEPTION_RAISED, f"{exc.value.describe()} raised")
+        raise _refused(what, raised) from exc
     finally:
         ctx.out = out.parent
         torch_compat.set_grad_enabled(grad_mode)

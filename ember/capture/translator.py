@@ -17,15 +17,27 @@ from typing import Any
 import torch
 
 from ember import config, torch_compat
-from ember.bytecode import Inst, decode
+from ember.bytecode import Inst, decode, handler_at
 from ember.capture.guards import GuardKind, GuardSet
 from ember.capture.output_graph import OutputGraph
 from ember.capture.shapes import DynamicPolicy, SymbolicShapes
 from ember.capture.side_effects import SideEffects
 from ember.capture.sources import CellSource, ForeignGlobalSource, GlobalSource, LocalSource
-from ember.capture.values.base import Value
+from ember.capture.values.base import (
+    ConstantValue,
+    FoldingRaised,
+    MissingAttribute,
+    Value,
+    next_serial,
+)
 from ember.capture.values.builder import ValueBuilder
 from ember.capture.values.containers import DictValue, TupleValue
+from ember.capture.values.exceptions import (
+    ExceptionValue,
+    TracedRaise,
+    from_missing_attribute,
+    python_error,
+)
 from ember.capture.values.functions import RealCell
 from ember.capture.values.iterators import GeneratorIterator
 from ember.errors import BreakReason, Unsupported
@@ -75,6 +87,9 @@ class CaptureContext:
     effects: SideEffects
     shapes: SymbolicShapes
     builder: ValueBuilder = dataclasses.field(init=False)
+    handling: Value | None = None
+    """The exception an `except`/`finally`/`with` handler of the trace is handling (what
+    `sys.exc_info()` would give); None outside them."""
 
     def __post_init__(self) -> None:
         self.builder = ValueBuilder(self)
@@ -109,6 +124,8 @@ class Translator:
         self.ip = 0
         self.kw_names: tuple[str, ...] = ()
         self.returned: Value | None = None
+        self.raised: ExceptionValue | None = None
+        """The exception that left the root frame (frame.py), instead of a return value."""
         self.current: Inst | None = None
         self._lazy_args = lazy_args or {}
         self._steps = 0
@@ -116,6 +133,8 @@ class Translator:
         self.graph_break: GraphBreak | None = None
         self.yielded: list[Value] | None = None
         """What a generator frame has yielded so far (None: not a generator frame)."""
+        self._step_serials: list[tuple[int, int]] = []
+        """(steps before, first serial of the values made by) each root instruction."""
         self.stop_before: tuple[int, Unsupported] | None = None
         """(steps, reason): break before the instruction after that many steps."""
 
@@ -212,9 +231,14 @@ class Translator:
 
         while self.returned is None:
             if self.stop_before is not None and self._steps == self.stop_before[0]:
-                self.graph_break = GraphBreak(self.insts[self.ip], self.stop_before[1])
+                self.current = self.insts[self.ip]
+                reason = self.stop_before[1].at(*self.location())
+                self._end_before_lost_blocks(reason)
+                self.graph_break = GraphBreak(self.current, reason)
                 return None
             checkpoint = self._checkpoint() if self.allow_break else None
+            if self.allow_break:
+                self._step_serials.append((self._steps, next_serial()))
             if self.ip >= len(self.insts):
                 raise Unsupported(BreakReason.DYNAMIC_CONTROL_FLOW, "fell off the end of code")
             inst = self.insts[self.ip]
@@ -238,10 +262,23 @@ class Translator:
                         self.ctx.shapes.label_guards(self)
                 except _USER_ERRORS as exc:
                     # Python raised while folding the user's code on known values (int("x"),
-                    # {}["k"], 1 / 0): CPython must raise it, where the user's handler can see it.
+                    # {}["k"], 1 / 0): a handler of the trace catches it, or CPython raises it
+                    if self.handled_in_trace():
+                        raise TracedRaise(python_error(self, exc, exact=False)) from exc
                     raise Unsupported(
                         BreakReason.EXCEPTION_RAISED, f"{type(exc).__name__}: {exc}"
                     ) from exc
+                except MissingAttribute as exc:
+                    if self.handled_in_trace():
+                        raise TracedRaise(from_missing_attribute(self, exc)) from exc
+                    raise
+                except FoldingRaised as exc:
+                    if self.handled_in_trace():
+                        raise TracedRaise(python_error(self, exc.error)) from exc
+                    raise
+            except TracedRaise as raised:
+                if not self.unwind(inst, raised.value):
+                    self._escape(raised)
             except Unsupported as exc:
                 where, text = self.location()
                 exc.at(where, text)
@@ -253,9 +290,84 @@ class Translator:
                     # filled containers it shares with this frame), or the instruction
                     # recorded mutations: capture again from the start and stop before it
                     raise RestartCapture(self._steps - 1, exc) from exc
+                self._end_before_lost_blocks(exc)
                 self.graph_break = GraphBreak(inst, exc)
                 return None
         return self.returned
+
+    def steps_before_current(self) -> int:
+        """The steps taken before the current instruction (what `stop_before` counts)."""
+        return self._steps - 1
+
+    def handled_in_trace(self) -> bool:
+        """Whether an exception raised now would reach a handler of a traced frame (this
+        one's or a caller's): only then is a modelled builtin's exception traced, otherwise
+        CPython raises it at a graph break, with its own message."""
+        tx: Translator | None = self
+        while tx is not None:
+            if tx.current is not None and handler_at(tx.code, tx.current.offset) is not None:
+                return True
+            tx = tx.parent
+        return False
+
+    def unwind(self, inst: Inst, exc: ExceptionValue) -> bool:
+        """Jump to the handler of `inst` for the exception, as CPython does: the stack cut
+        to the handler's depth, then the raising instruction's offset (for handlers that
+        re-raise with it) and the exception. False when `inst` has no handler here."""
+        entry = handler_at(self.code, inst.offset)
+        if entry is None:
+            return False
+        del self.stack[entry.depth :]
+        if entry.lasti:
+            self.push(ConstantValue(inst.offset // 2))
+        self.push(exc)
+        self.kw_names = ()
+        self.ip = next(i.index for i in self.insts if i.offset == entry.target)
+        return True
+
+    def _escape(self, raised: TracedRaise) -> None:
+        """The exception leaves this frame. Leaving the compiled function, an exception whose
+        message is ember's wording of a builtin's is raised by CPython instead: the capture
+        runs again and breaks at the instruction that raised it."""
+        exc = raised.value
+        if self.parent is not None:
+            raise raised
+        message = exc.args[0].as_constant() if exc.args and exc.args[0].is_constant() else ""
+        detail = f"{exc.cls.__name__}: {message}"
+        if not self.allow_break:  # fullgraph: as under Dynamo, nothing may leave the graph
+            raise Unsupported(
+                BreakReason.EXCEPTION_RAISED, f"{detail} (leaves the compiled function)"
+            ).at(*self.location()) from raised
+        reason = Unsupported(BreakReason.EXCEPTION_RAISED, detail)
+        if exc.synthesized_at is not None:
+            raise RestartCapture(exc.synthesized_at, reason) from raised
+        raise raised
+
+    def _end_before_lost_blocks(self, reason: Unsupported) -> None:
+        """A break inside a `with` block whose context manager break code cannot rebuild (the
+        generator of a @contextmanager): capture again and break at the instruction that
+        made the manager instead. CPython makes it, and the resume function enters it (at a
+        break at BEFORE_WITH, if its `__enter__` steps that generator)."""
+        from ember.capture.codegen import can_rebuild
+        from ember.capture.handlers.control import ExitValue
+
+        for value in self.stack:
+            if (
+                isinstance(value, ExitValue)
+                and value.user_exit is not None  # grad-mode blocks always resume
+                and not can_rebuild(self.code, value)
+            ):
+                made = value.manager.serial
+                made_at = max(s for s, serial in self._step_serials if serial <= made)
+                raise RestartCapture(
+                    made_at,
+                    Unsupported(
+                        reason.reason,
+                        f"{reason.detail} at {reason.location}, inside a `with` block on "
+                        f"{value.manager.describe()}, which cannot be rebuilt at a graph "
+                        "break: the graph ends where the context manager is made",
+                    ),
+                )
 
     def _checkpoint(self) -> Checkpoint:
         nodes = self.ctx.out.graph.nodes

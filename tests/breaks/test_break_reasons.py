@@ -229,6 +229,9 @@ def test_plain_compile_behaves_as_eager(fn, reason):
         G_VALUE = 1
     stopped = [e.graph_break for c in cache._caches.values() for e in c.entries if e.graph_break]
     stopped += [c.eager_reason for c in cache._caches.values() if c.eager_reason is not None]
+    if fn is r_raise:  # a raise leaving the function is raised by its replacement code
+        assert not stopped  # (tests/capture/test_exceptions.py)
+        return
     assert stopped and stopped[0].reason is reason
     assert HERE in stopped[0].location
 

@@ -8,7 +8,7 @@ import torch
 
 from ember.bytecode import Op, stack_effect
 from ember.capture.handlers import handler
-from ember.capture.values.base import ConstantValue, Value
+from ember.capture.values.base import Value
 from ember.capture.values.containers import IteratorValue, iterator_over
 from ember.capture.values.objects import GradModeValue, UserObjectValue
 from ember.errors import BreakReason, Unsupported
@@ -107,6 +107,33 @@ class ExitValue(Value):
             return self.user_exit.call(tx, args, kwargs)
         return self.manager.exit(tx)
 
+    def reconstruct(self, em) -> None:
+        """At a break inside the block: for a grad-mode block, an `__exit__` that restores the
+        mode outside it; for a context manager written in Python, its bound `__exit__`, as
+        BEFORE_WITH left it (a resume function inlines either where the block ends)."""
+        from ember.capture.resume import leave_grad_block
+
+        if self.user_exit is None:
+            em.cg.load_const(leave_grad_block(self.manager.saved[-1]))
+            return
+        em.reconstruct(self.manager)
+        em.cg.load_attr("__exit__")
+
+
+def enters_in_python(manager: Value) -> bool:
+    """A context manager written in Python (contextlib.nullcontext, @contextmanager, a
+    user's class), whose `__enter__` and `__exit__` ember inlines. Not autocast: its dtype
+    changes are not applied while tracing on meta tensors (the trace would see float32 where
+    the run produces bfloat16), so neither its inside nor its methods are captured."""
+    return (
+        isinstance(manager, UserObjectValue)
+        and not issubclass(manager.cls, torch.amp.autocast_mode.autocast)
+        and all(
+            isinstance(getattr(manager.cls, name, None), types.FunctionType)
+            for name in ("__enter__", "__exit__")
+        )
+    )
+
 
 @handler(Op.BEFORE_WITH)
 def before_with(tx, inst):
@@ -118,18 +145,13 @@ def before_with(tx, inst):
     if isinstance(manager, UserObjectValue) and issubclass(
         manager.cls, torch.amp.autocast_mode.autocast
     ):
-        # Its dtype changes are not applied while tracing on meta tensors: the trace would
-        # see float32 where the run produces bfloat16. Refused until autocast is modelled.
         raise Unsupported(
             BreakReason.UNSUPPORTED_CALL,
             "`with torch.autocast(...)` is not captured",
             hint="compile the code inside the autocast region, or call the compiled "
             "function from inside it",
         )
-    if isinstance(manager, UserObjectValue) and all(
-        isinstance(getattr(manager.cls, name, None), types.FunctionType)
-        for name in ("__enter__", "__exit__")
-    ):
+    if enters_in_python(manager):
         # A context manager written in Python (contextlib.nullcontext, a user's timer-free
         # scope): both methods are inlined, so their effects land in the graph or ledger.
         exit_method = manager.getattr(tx, "__exit__")
@@ -146,9 +168,4 @@ def before_with(tx, inst):
 
 @handler(Op.LOAD_ASSERTION_ERROR)
 def load_assertion_error(tx, inst):
-    tx.push(ConstantValue(AssertionError))
-
-
-@handler(Op.RAISE_VARARGS)
-def raise_varargs(tx, inst):
-    raise Unsupported(BreakReason.EXCEPTION_RAISED, "the traced code raises an exception")
+    tx.push(tx.ctx.builder.wrap_const(AssertionError))

@@ -52,6 +52,26 @@ class MissingAttribute(Unsupported):
         super().__init__(BreakReason.EXCEPTION_RAISED, f"AttributeError: {detail}")
 
 
+class FoldingRaised(Unsupported):
+    """Python raised `error` while the trace computed the user's operation on constants
+    (`1 / 0`, `"a" + 1`, a pure function): a handler of the trace catches it as it is;
+    otherwise it ends the capture, and CPython raises it at the graph break."""
+
+    def __init__(self, error: Exception, detail: str) -> None:
+        super().__init__(BreakReason.EXCEPTION_RAISED, detail)
+        self.error = error
+
+
+def missing_key(key: Value) -> Unsupported:
+    """The KeyError of a lookup of `key` that is not there: Python's own when the key is a
+    constant (the interpreter hands it to a handler of the trace, or to CPython at a graph
+    break), else a refusal that names it."""
+    if key.is_constant():
+        error = KeyError(key.as_constant())
+        return FoldingRaised(error, f"KeyError: {error}")
+    return Unsupported(BreakReason.EXCEPTION_RAISED, f"KeyError: {key.describe()}")
+
+
 _serials = itertools.count()
 
 

@@ -27,6 +27,7 @@ from ember.capture.values.base import ConstantValue, Value
 from ember.capture.values.callables import getter_value
 from ember.capture.values.compiler import is_allowed_in_graph, register_dynamo_functions
 from ember.capture.values.containers import DictValue, ListValue, TupleValue, hashes_by_identity
+from ember.capture.values.exceptions import ExceptionValue
 from ember.capture.values.functions import (
     BoundMethodValue,
     BuiltinValue,
@@ -284,6 +285,9 @@ class ValueBuilder:
         if getter is not None:
             guards.add(GuardKind.ID_MATCH, source, value)
             return getter
+        if isinstance(value, BaseException):  # a handler's exception, caught at a break
+            guards.add(GuardKind.TYPE_MATCH, source, type(value))
+            return ExceptionValue(type(value), [], source, value)
         if hasattr(value, "__dict__") and not isinstance(value, type):
             guards.add(GuardKind.TYPE_MATCH, source, type(value))
             return UserObjectValue(type(value), source, value)

@@ -39,6 +39,7 @@ from ember.capture.values.containers import (
     TupleValue,
     iterator_over,
 )
+from ember.capture.values.exceptions import ExceptionValue, TracedRaise
 from ember.capture.values.functions import PartialValue
 from ember.capture.values.sets import SetValue
 from ember.capture.values.tensor import TensorValue, tensor_op
@@ -161,8 +162,8 @@ def _getattr(tx, args, kwargs):
     if len(args) == 3:
         try:
             return args[0].getattr(tx, name)
-        except MissingAttribute:
-            _guard_missing(tx, args[0], name)
+        except (MissingAttribute, TracedRaise) as exc:
+            _catch_attribute_error(tx, exc, args[0], name)
             return args[2]
     return args[0].getattr(tx, name)
 
@@ -172,10 +173,20 @@ def _hasattr(tx, args, kwargs):
     name = args[1].as_constant()
     try:
         args[0].getattr(tx, name)
-    except MissingAttribute:
-        _guard_missing(tx, args[0], name)
+    except (MissingAttribute, TracedRaise) as exc:
+        _catch_attribute_error(tx, exc, args[0], name)
         return ConstantValue(False)
     return ConstantValue(True)
+
+
+def _catch_attribute_error(
+    tx: Translator, exc: MissingAttribute | TracedRaise, obj: Value, name: str
+) -> None:
+    """What `getattr` with a default and `hasattr` catch: an AttributeError (a missing
+    attribute, or one that traced code raised); any other exception propagates."""
+    if isinstance(exc, TracedRaise) and not exc.is_a(AttributeError):
+        raise exc
+    _guard_missing(tx, obj, name)
 
 
 def _guard_missing(tx: Translator, obj: Value, name: str) -> None:
@@ -257,6 +268,8 @@ def _next(tx, args, kwargs):
     if value is None:
         if len(args) > 1:
             return args[1]
+        if tx.handled_in_trace():
+            raise TracedRaise(ExceptionValue(StopIteration, []))
         raise Unsupported(BreakReason.EXCEPTION_RAISED, "StopIteration from next()")
     return value
 

@@ -55,6 +55,13 @@ class ClassValue(Value):
     def as_constant(self) -> Any:
         return self.cls
 
+    def truth(self, tx: Translator) -> bool:
+        """A class is true, unless its metaclass says otherwise (EnumType keeps it true)."""
+        meta = type(self.cls)
+        if meta is type or issubclass(meta, enum.EnumMeta):
+            return True
+        return super().truth(tx)
+
     def reconstruct(self, em: Emitter) -> None:
         em.cg.load_const(self.cls)
 
@@ -109,10 +116,10 @@ class ClassValue(Value):
         cls = self.cls
         if issubclass(cls, tuple) and hasattr(cls, "_fields"):
             return _construct_namedtuple(tx, cls, args, kwargs)
-        if issubclass(cls, AttributeError):  # about to be raised: hasattr() must see it
-            raise MissingAttribute(f"the traced code raises {cls.__name__}")
         if issubclass(cls, BaseException):
-            raise Unsupported(BreakReason.EXCEPTION_RAISED, f"constructing {cls.__name__}")
+            from ember.capture.values.exceptions import construct_exception
+
+            return construct_exception(tx, cls, args, kwargs)
         if issubclass(cls, enum.Enum):  # a lookup of a member by value
             return _fold(cls, args, kwargs)
         if issubclass(cls, torch.nn.Module):

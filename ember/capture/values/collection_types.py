@@ -15,7 +15,7 @@ import types
 from typing import TYPE_CHECKING, Any
 
 from ember.capture.operators import apply
-from ember.capture.values.base import ConstantValue, Value
+from ember.capture.values.base import ConstantValue, FoldingRaised, Value, missing_key
 from ember.capture.values.builtins import handles
 from ember.capture.values.containers import DictValue, ListValue, iterator_over
 from ember.errors import BreakReason, Unsupported
@@ -38,7 +38,7 @@ class DefaultDictValue(DictValue):
         if k in self.items:
             return self.items[k]
         if self.factory.is_constant() and self.factory.as_constant() is None:
-            raise Unsupported(BreakReason.EXCEPTION_RAISED, f"KeyError: {k!r}")
+            raise missing_key(key)
         value = self.factory.call(tx, [], {})
         self.setitem(tx, key, value)
         return value
@@ -116,8 +116,8 @@ class DequeValue(ListValue):
             if args:
                 raise Unsupported(BreakReason.EXCEPTION_RAISED, f"deque.{name}() takes no index")
             if not items:
-                raise Unsupported(
-                    BreakReason.EXCEPTION_RAISED, f"IndexError: {name} from empty deque"
+                raise FoldingRaised(
+                    IndexError("pop from an empty deque"), "IndexError: empty deque"
                 )
             self._mutate(tx)
             return items.pop(-1 if name == "pop" else 0)

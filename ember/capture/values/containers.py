@@ -14,10 +14,12 @@ import torch
 
 from ember.capture.values.base import (
     ConstantValue,
+    FoldingRaised,
     MissingAttribute,
     Value,
     all_constant,
     from_class_statement,
+    missing_key,
 )
 from ember.errors import BreakReason, Unsupported
 
@@ -354,7 +356,7 @@ class DictValue(Value):
     def getitem(self, tx: Translator, key: Value) -> Value:
         k = self._key(key)
         if k not in self.items:
-            raise Unsupported(BreakReason.EXCEPTION_RAISED, f"KeyError: {k!r}")
+            raise missing_key(key)
         return self.items[k]
 
     def contains(self, key: Value) -> bool:
@@ -418,7 +420,7 @@ class DictValue(Value):
                 return items.pop(k)
             if len(args) > 1:
                 return args[1]
-            raise Unsupported(BreakReason.EXCEPTION_RAISED, f"KeyError: {k!r}")
+            raise missing_key(args[0])
         if name == "clear":
             items.clear()
             return ConstantValue(None)
@@ -431,9 +433,8 @@ class DictValue(Value):
 
     def _popitem(self, last: bool) -> Value:
         if not self.items:
-            raise Unsupported(
-                BreakReason.EXCEPTION_RAISED, "KeyError: popitem(): dictionary is empty"
-            )
+            error = KeyError("popitem(): dictionary is empty")
+            raise FoldingRaised(error, f"KeyError: {error}")
         key = next(reversed(self.items)) if last else next(iter(self.items))
         return TupleValue([key_value(key), self.items.pop(key)])
 

@@ -16,7 +16,13 @@ import torch
 
 from ember.capture.guards import GuardKind
 from ember.capture.sources import AttrSource, ConstSource, ItemSource, Source
-from ember.capture.values.base import ConstantValue, MissingAttribute, Value, all_constant
+from ember.capture.values.base import (
+    ConstantValue,
+    FoldingRaised,
+    MissingAttribute,
+    Value,
+    all_constant,
+)
 from ember.errors import BreakReason, Unsupported
 
 if TYPE_CHECKING:
@@ -102,9 +108,7 @@ def _constant_result(tx: Translator, fn: Any, args: list[Value], kwargs: dict) -
             *(a.as_constant() for a in args), **{k: v.as_constant() for k, v in kwargs.items()}
         )
     except Exception as exc:
-        raise Unsupported(
-            BreakReason.EXCEPTION_RAISED, f"{_name(fn)} raised {type(exc).__name__}: {exc}"
-        ) from exc
+        raise FoldingRaised(exc, f"{_name(fn)} raised {type(exc).__name__}: {exc}") from exc
     return tx.ctx.builder.wrap_const(result)
 
 
@@ -414,9 +418,8 @@ class BuiltinValue(_FunctionObjectValue):
                     **{k: v.as_constant() for k, v in kwargs.items()},
                 )
             except Exception as exc:
-                raise Unsupported(
-                    BreakReason.EXCEPTION_RAISED,
-                    f"{_name(self.fn)} raised {type(exc).__name__}: {exc}",
+                raise FoldingRaised(
+                    exc, f"{_name(self.fn)} raised {type(exc).__name__}: {exc}"
                 ) from exc
             return tx.ctx.builder.wrap_const(result)
         raise Unsupported(

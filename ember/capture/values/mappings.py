@@ -17,7 +17,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from ember.capture.sources import ItemSource, Source
-from ember.capture.values.base import ConstantValue, Value, from_class_statement
+from ember.capture.values.base import ConstantValue, Value, from_class_statement, missing_key
 from ember.capture.values.containers import DictValue, IteratorValue, key_value
 from ember.capture.values.functions import UserFunctionValue
 from ember.capture.values.objects import UserObjectValue, _class_attribute, python_override
@@ -175,7 +175,7 @@ class DictObjectValue(UserObjectValue):
         missing = python_override(self.cls, "__missing__")
         if missing is not None:
             return UserFunctionValue(missing).call(tx, [self, key], {})
-        raise Unsupported(BreakReason.EXCEPTION_RAISED, f"KeyError: {key.describe()}")
+        raise missing_key(key)
 
     def reconstruct(self, em: Emitter) -> None:
         if not self.is_new:
@@ -311,7 +311,7 @@ class InstanceDictValue(Value):
     def getitem(self, tx: Translator, key: Value) -> Value:
         entry = self._lookup(tx, key)
         if entry is None:
-            raise Unsupported(BreakReason.EXCEPTION_RAISED, f"KeyError: {key.describe()}")
+            raise missing_key(key)
         return entry
 
     def contains(self, tx: Translator, key: Value) -> bool:
