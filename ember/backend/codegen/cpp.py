@@ -12,12 +12,14 @@ import math
 
 import sympy
 
-from ember.backend import indexing, sizes
+from ember.backend import indexing
+from ember.backend.codegen.plan import Form, acc_type, plan_kernel
+from ember.backend.codegen.plan import prod as _prod
 from ember.backend.ir import nodes as ir
 from ember.backend.ir.nodes import BinaryOp as B
 from ember.backend.ir.nodes import DType, ReductionType
 from ember.backend.ir.nodes import UnaryOp as U
-from ember.backend.scheduler.fusion import Kernel, Loop, column_access
+from ember.backend.scheduler.fusion import Kernel, Loop
 from ember.backend.sizes import hint
 
 LANES = 16
@@ -226,22 +228,12 @@ def _limit(d: DType, which: str) -> str:
     return _INT_LIMITS[d][0 if which == "min" else 1]
 
 
-def acc_type(n: ir.Reduction) -> DType:
-    return DType.F32 if n.dtype == DType.BF16 else n.dtype
-
-
-def _prod(xs) -> int:
-    out = 1
-    for x in xs:
-        out *= x
-    return out
-
-
 class KernelWriter:
     """Writes one kernel function; `scalars` maps buffers to in-register values in scope."""
 
     def __init__(self, k: Kernel, buffers: dict[str, ir.Buffer]) -> None:
         self.k = k
+        self.plan = plan_kernel(k)
         self.buffers = buffers
         self.lines: list[str] = []
         self.prefetch: list[tuple[str, sympy.Expr]] = []  # see _next_rows
@@ -249,12 +241,7 @@ class KernelWriter:
     def params(self) -> list[str]:
         """Buffers passed as pointers, in signature order (reads, then writes), then the
         size symbols the kernel's bounds and indices use (int64_t)."""
-        written = sorted(n.name for n in self.k.nodes() if n.name not in self.k.local)
-        read = set()
-        for n in self.k.nodes():
-            read |= ir.node_reads(n)
-        produced = {n.name for n in self.k.nodes()}
-        return sorted(read - produced) + written + kernel_sizes(self.k)
+        return self.plan.params
 
     def source(self) -> str:
         k = self.k
@@ -270,11 +257,11 @@ class KernelWriter:
         self.lines.append(f'extern "C" void {k.name}({", ".join(sig)}) {{')
         inner = max([_prod(lp.inner) for lp in k.loops] + [1], key=hint)
         par = f"if({c_size(_prod(k.outer) * inner)} >= {PARALLEL_MIN_WORK})"
-        if _column_reduction(k):
+        if self.plan.form == Form.COLUMNS:
             self._columns(par)
             return "\n".join(self.lines)
         n = len(k.outer)
-        pure = all(not lp.inner for lp in k.loops)
+        pure = self.plan.form == Form.POINTWISE
         ind = "  "
         plan = _inner_plan(k) if pure and n >= 1 else None
         if plan:
@@ -638,26 +625,6 @@ def _within(node: ir.Pointwise, var, lo: int, hi: int) -> ir.Pointwise:
 COLUMNS = 64  # adjacent outputs a column reduction accumulates at once
 
 
-def _column_reduction(k: Kernel) -> bool:
-    """One loop of reductions over one dim whose loads are contiguous in the output index
-    and strided in the reduced one (x.sum(0) of a row-major matrix), or depend on only one
-    of the two."""
-    if len(k.outer) != 1 or len(k.loops[0].inner) != 1:
-        return False
-    if not all(isinstance(n, ir.Reduction) for n in k.loops[0].nodes):
-        return False
-    epilogue = [n for lp in k.loops[1:] for n in lp.nodes]
-    if any(lp.inner for lp in k.loops[1:]) or any(isinstance(n, ir.Reduction) for n in epilogue):
-        return False
-    x0, r0 = ir.loop_vars(1)[0], ir.loop_vars(1, "r")[0]
-    loads = [ld.index for n in k.loops[0].nodes for ld in ir.loads(n.body)]
-    # besides the column reads: per-row values (a layer norm's mean and rstd) and per-column
-    # ones read the same in either order
-    return any(column_access(i, x0, r0) for i in loads) and all(
-        column_access(i, x0, r0) or not (i.has(x0) and i.has(r0)) for i in loads
-    )
-
-
 MAX_SCRATCH = 16384  # elements of a per-row scratch array (on the thread's stack)
 
 
@@ -756,19 +723,6 @@ def _next_rows(k: Kernel, buffers: dict[str, ir.Buffer]) -> list[tuple[str, symp
 def c_size(v: ir.Size) -> str:
     """C source of a size (a size symbol is an argument of the kernel)."""
     return str(v) if isinstance(v, int) else indexing.to_c(v)
-
-
-def kernel_sizes(k: Kernel) -> list[str]:
-    """Names of the size symbols a kernel needs, sorted (they follow its pointers)."""
-    found = sizes.symbols(k.outer, *(lp.inner for lp in k.loops))
-    for n in k.nodes():
-        found |= sizes.symbols(n.index)
-        for e in ir.walk(n.body):
-            if isinstance(e, ir.Load):
-                found |= sizes.symbols(e.index, *((m.value, m.lo, m.hi) for m in e.mask))
-            elif isinstance(e, ir.IndexValue):
-                found |= sizes.symbols(e.index)
-    return sorted(s.name for s in found)
 
 
 def kernel_source(k: Kernel, buffers: dict[str, ir.Buffer]) -> tuple[str, list[str]]:
