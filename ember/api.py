@@ -29,6 +29,11 @@ from ember.errors import BreakReason, Unsupported
 functorch_active = torch._C._are_functorch_transforms_active
 
 
+KNOWN_OPTIONS: dict[str, str] = {}
+"""`options` keys ember.compile acts on (name -> what it does): none yet, so every key is
+refused rather than accepted and ignored."""
+
+
 class CompileOptions:
     """What `ember.compile` was asked for, checked once up front."""
 
@@ -50,6 +55,14 @@ class CompileOptions:
             raise ValueError(f"unknown mode {mode!r}")
         if mode is not None and options:
             raise RuntimeError("either mode or options can be given, not both")
+        unknown = sorted(set(options or {}) - set(KNOWN_OPTIONS))
+        if unknown:
+            known = ", ".join(sorted(KNOWN_OPTIONS)) or "none"
+            raise ValueError(
+                f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}"
+                f" for ember.compile; known options: {known} (ember's settings are ember.config"
+                " fields, set with EMBER_* environment variables)"
+            )
         self.fullgraph = fullgraph
         self.dynamic = dynamic  # shapes are always specialized; a new shape recompiles
         self.backend = lookup(backend)
