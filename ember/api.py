@@ -63,6 +63,13 @@ class CompileOptions:
                 f" for ember.compile; known options: {known} (ember's settings are ember.config"
                 " fields, set with EMBER_* environment variables)"
             )
+        if mode in ("reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
+            logs.log(
+                "kernels",
+                "mode=%r: CUDA graphs and autotuning are not implemented yet; compiling as"
+                " the default mode",
+                mode,
+            )
         self.fullgraph = fullgraph
         self.dynamic = dynamic  # shapes are always specialized; a new shape recompiles
         self.backend = lookup(backend)

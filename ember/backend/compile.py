@@ -114,7 +114,7 @@ def generate(
     cacheable = True
     ir_text = ""
     if _recorders or logs.enabled("schedule"):  # printing sympy indices is not free
-        plans = "\n".join(plan_str(plan_kernel(k)) for k in s.kernels())
+        plans = "\n".join(plan_str(plan_kernel(k, buffers)) for k in s.kernels())
         ir_text = (
             printer.graph_str(g) + "\n\nschedule:\n" + schedule_str(s) + "\n\nplans:\n" + plans
         )

@@ -9,15 +9,7 @@ import torch
 
 import ember.backend
 from ember.backend.compile import record, stats
-
-
-def _close(a: Any, b: Any, **tol: Any) -> None:
-    if isinstance(a, list | tuple):
-        assert isinstance(b, list | tuple) and len(a) == len(b)
-        for x, y in zip(a, b):
-            _close(x, y, **tol)
-        return
-    torch.testing.assert_close(a, b, equal_nan=True, **tol)
+from tests.backend.helpers import _close, extern_ops
 
 
 @torch.no_grad()
@@ -40,5 +32,4 @@ def kernel_count(art: Any) -> int:
     return len(re.findall(r"^def kernel\d+\(", art.cpp, re.M))
 
 
-def extern_ops(art: Any) -> list[str]:
-    return re.findall(r"^_op\d+ = (.*)$", art.wrapper, re.M)
+__all__ = ["check", "extern_ops", "kernel_count"]

@@ -18,7 +18,15 @@ import math
 import sympy
 
 from ember.backend import sizes
-from ember.backend.codegen.plan import Form, KernelPlan, acc_type, identity, plan_kernel, prod
+from ember.backend.codegen.plan import (
+    INFIX,
+    Form,
+    KernelPlan,
+    acc_type,
+    identity,
+    plan_kernel,
+    prod,
+)
 from ember.backend.codegen.wrapper import pow2
 from ember.backend.ir import nodes as ir
 from ember.backend.ir.nodes import BinaryOp as B
@@ -103,20 +111,6 @@ _FLOAT_FN = {
     U.ABS: "tl.abs({})",
     U.ISINF: "(tl.abs({}) == float('inf'))",
 }
-_INFIX = {
-    B.ADD: "+",
-    B.SUB: "-",
-    B.MUL: "*",
-    B.EQ: "==",
-    B.NE: "!=",
-    B.LT: "<",
-    B.LE: "<=",
-    B.GT: ">",
-    B.GE: ">=",
-    B.BITWISE_AND: "&",
-    B.BITWISE_OR: "|",
-    B.BITWISE_XOR: "^",
-}
 _LOGICAL = {B.LOGICAL_AND: "&", B.LOGICAL_OR: "|", B.LOGICAL_XOR: "^"}
 
 
@@ -164,8 +158,8 @@ def _unary(op: U, x: str, d: DType, src: DType) -> str:
 
 
 def _binary(op: B, a: str, b: str, src: DType, d: DType) -> str:
-    if op in _INFIX:
-        return f"({a} {_INFIX[op]} {b})"
+    if op in INFIX:
+        return f"({a} {INFIX[op]} {b})"
     if op in _LOGICAL:
         return f"(({a} != 0) {_LOGICAL[op]} ({b} != 0))"
     if op == B.DIV:  # integer division truncates, as C's (the IR's) does
@@ -446,5 +440,5 @@ def _unflatten(flat: str, names, ranges) -> list[tuple[str, str]]:
 
 def kernel_source(k: Kernel, buffers: dict[str, ir.Buffer]) -> tuple[str, list[str], str]:
     """(Triton text of the kernel, its parameters in order, the wrapper's launch suffix)."""
-    w = KernelWriter(plan_kernel(k), buffers)
+    w = KernelWriter(plan_kernel(k, buffers), buffers)
     return w.source(), w.plan.params, w.launch()
