@@ -64,6 +64,18 @@ def _round_bf16(x):  # float32 -> the nearest bfloat16 (ties to even), still as 
 
 
 @jit
+def _max_rows(v):  # max over axis 1 that propagates NaN (Triton's max reduction does not)
+    nan = tl.reduce((v != v).to(tl.int8), 1, tl.standard._elementwise_max)[:, None] > 0
+    return tl.where(nan, float("nan"), tl.reduce(v, 1, tl.standard._elementwise_max)[:, None])
+
+
+@jit
+def _min_rows(v):
+    nan = tl.reduce((v != v).to(tl.int8), 1, tl.standard._elementwise_max)[:, None] > 0
+    return tl.where(nan, float("nan"), tl.reduce(v, 1, tl.standard._elementwise_min)[:, None])
+
+
+@jit
 def _add(a, b):
     return a + b
 
@@ -383,7 +395,7 @@ class KernelWriter:
         out.depth -= 1
         for r in reds:
             values[r.name] = out.assign(
-                f"tl.reduce(acc_{r.name}, 1, {_COMBINE[r.reduction_type]})[:, None]"
+                _reduce_rows(f"acc_{r.name}", r.reduction_type, acc_type(r))
             )
             self._store_reduction(r, values[r.name])
 
@@ -400,8 +412,7 @@ class KernelWriter:
             t = acc_type(node)
             init = const(identity(node.reduction_type, t), t)
             tile = f"tl.where({body.mask}, {_as(v, node.body.dtype, t)}, {init})"
-            combine = _COMBINE[node.reduction_type]
-            values[node.name] = self.out.assign(f"tl.reduce({tile}, 1, {combine})[:, None]")
+            values[node.name] = self.out.assign(_reduce_rows(tile, node.reduction_type, t))
             self._store_reduction(node, values[node.name])
 
     def _store(self, node: ir.Pointwise, v: str, mask: str) -> None:
@@ -413,6 +424,24 @@ class KernelWriter:
         if r.name not in self.k.local:
             where = f"{r.name} + {self.out.offset(r.index)}"
             self.out.add(f"tl.store({where}, {_stored(v, r.dtype)}, xmask)")
+
+
+def _reduce_rows(tile: str, kind: ReductionType, dtype: DType) -> str:
+    """A [XBLOCK, RBLOCK] tile reduced over its rows to a [XBLOCK, 1] column, with the
+    combine functions of Triton's own sum/max/min (which its interpreter runs on whole
+    arrays; any other combine function it calls once per element). Triton's standard
+    library (tl.sum, tl.max) is not called: under the interpreter it is compiled code."""
+    if kind == ReductionType.SUM:
+        return f"tl.reduce({tile}, 1, tl.standard._sum_combine)[:, None]"
+    if kind == ReductionType.PROD:
+        return f"tl.reduce({tile}, 1, _mul)[:, None]"
+    op = "max" if kind == ReductionType.MAX else "min"
+    if dtype.is_float:
+        return f"_{op}_rows({tile})"
+    combine = f"tl.standard._elementwise_{op}"
+    if dtype == DType.BOOL:
+        return f"tl.reduce({tile}.to(tl.int8), 1, {combine})[:, None].to(tl.int1)"
+    return f"tl.reduce({tile}, 1, {combine})[:, None]"
 
 
 def _as(v: str, src: DType, dst: DType) -> str:
