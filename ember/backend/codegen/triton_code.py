@@ -14,6 +14,7 @@ Python wrapper, so symbolic sizes are evaluated per call.
 from __future__ import annotations
 
 import math
+import re
 
 import sympy
 
@@ -57,10 +58,20 @@ def _minimum(a, b):
 
 
 @jit
-def _round_bf16(x):  # float32 -> the nearest bfloat16 (ties to even), still as float32
+def _bf16_bits(x):  # float32 -> the nearest bfloat16 (ties to even), as float32 bits
     u = x.to(tl.uint32, bitcast=True)
-    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
-    return tl.where(x != x, x, u.to(tl.float32, bitcast=True))
+    rounded = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return tl.where(x != x, u | 0x400000, rounded)  # NaN stays NaN (quieted)
+
+
+@jit
+def _round_bf16(x):
+    return _bf16_bits(x).to(tl.float32, bitcast=True)
+
+
+@jit
+def _to_bf16(x):  # by bits: the interpreter's own conversion mishandles subnormals
+    return (_bf16_bits(x) >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
 @jit
@@ -73,6 +84,11 @@ def _max_rows(v):  # max over axis 1 that propagates NaN (Triton's max reduction
 def _min_rows(v):
     nan = tl.reduce((v != v).to(tl.int8), 1, tl.standard._elementwise_max)[:, None] > 0
     return tl.where(nan, float("nan"), tl.reduce(v, 1, tl.standard._elementwise_min)[:, None])
+
+
+@jit
+def _from_bf16(x):  # bfloat16 -> float32 exactly, subnormals too (the interpreter flushes them)
+    return (x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16).to(tl.float32, bitcast=True)
 
 
 @jit
@@ -141,9 +157,13 @@ def const(value, dtype: DType) -> str:
 def index(e: sympy.Expr) -> str:
     """Python/Triton source of an index over loop variables and size symbols (indices are
     non-negative, so floor division and modulo are Triton's // and %)."""
-    if isinstance(e, sympy.Max | sympy.Min):
+    if isinstance(e, sympy.Expr) and e.has(sympy.Max, sympy.Min):
         raise NotImplementedError(f"index expression {e!r}")
-    return sizes.py(e)
+    # a size squared, (s0**2), as a product: Triton has no ** on tensors
+    return _POWER.sub(lambda m: "(" + "*".join([m[1]] * int(m[2])) + ")", sizes.py(e))
+
+
+_POWER = re.compile(r"\((\w+)\*\*(\d+)\)")
 
 
 def _unary(op: U, x: str, d: DType, src: DType) -> str:
@@ -192,7 +212,7 @@ def _binary(op: B, a: str, b: str, src: DType, d: DType) -> str:
 
 
 def _cast(x: str, src: DType, dst: DType) -> str:
-    if dst == DType.BF16:  # rounded explicitly: Triton's interpreter truncates
+    if dst == DType.BF16:  # rounded by bits: Triton's interpreter truncates
         return f"_round_bf16({x}.to(tl.float32))"
     if dst == DType.BOOL:
         return f"({x} != 0)"
@@ -225,7 +245,7 @@ class _Body:
                 v = index(m.value)
                 mask += f" & ({index(m.lo)} <= {v}) & ({v} < {index(m.hi)})"
             text = f"tl.load({e.buffer} + {self.out.offset(e.index)}, {mask}, other=0)"
-            return f"{text}.to(tl.float32)" if e.dtype == DType.BF16 else text
+            return f"_from_bf16({text})" if e.dtype == DType.BF16 else text
         if isinstance(e, ir.IndexValue):
             return f"{self.out.offset(e.index)}.to({TL[e.dtype]})"
         if isinstance(e, ir.Unary):
@@ -266,6 +286,8 @@ class _Lines:
 
 
 class KernelWriter:
+    """Prints one kernel plan as a Triton function and the wrapper's launch of it."""
+
     def __init__(self, plan: KernelPlan, buffers: dict[str, ir.Buffer]) -> None:
         self.plan = plan
         self.k: Kernel = plan.kernel
@@ -281,9 +303,11 @@ class KernelWriter:
         out = self.out
         xnumel = prod(k.outer)
         out.add(f"xnumel = {index(xnumel)}")
+        # int32 index math unless an index may reach 2^31 (or sizes are only known at run time)
+        touched = self.plan.reads + self.plan.writes
+        storage = [self.buffers[b].layout.storage_numel() for b in touched]
         wide = not isinstance(xnumel, int) or any(
-            not isinstance(b.layout.storage_numel(), int) or b.layout.storage_numel() >= 2**31
-            for b in self.buffers.values()
+            not isinstance(n, int) or n >= 2**31 for n in storage
         )
         start = "tl.program_id(0).to(tl.int64)" if wide else "tl.program_id(0)"
         out.add(f"xindex = {start} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
@@ -450,7 +474,7 @@ def _as(v: str, src: DType, dst: DType) -> str:
 
 def _stored(v: str, d: DType) -> str:
     if d == DType.BF16:
-        return f"_round_bf16({v}).to(tl.bfloat16)"
+        return f"_to_bf16({v})"
     return f"{v}.to({TL[d]})"
 
 
