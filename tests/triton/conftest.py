@@ -19,7 +19,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.add_marker(pytest.mark.filterwarnings("ignore::RuntimeWarning"))
 
 
-@pytest.fixture(autouse=True, scope="session")
+@pytest.fixture(autouse=True, scope="package")  # undone after this directory's tests
 def _interpreted(tmp_path_factory: pytest.TempPathFactory):
     path = tmp_path_factory.mktemp("ember_triton_cache")
     with config.patch(cache_dir=str(path), triton_interpret=True):

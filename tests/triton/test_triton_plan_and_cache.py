@@ -103,3 +103,10 @@ def test_same_answers_from_both_printers(interpret):
         got = torch.compile(f, backend=ember.backend, dynamic=False)(x, w)
     for a, b in zip(got, f(x, w)):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_an_unusable_cache_directory_still_runs(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with config.patch(cache_dir=str(blocker / "cache")):
+        check(lambda x: x.cos() + 2, torch.randn(3, 4))

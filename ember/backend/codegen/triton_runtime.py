@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from ember import config
-from ember.backend.codegen.build import atomic_write
+from ember import config, logs
+from ember.backend.codegen.build import atomic_write, private_dir
 
 
 @functools.cache
@@ -102,7 +102,12 @@ def load(source: str, names: list[str], device: torch.device) -> dict[str, Any]:
     interpret = device.type == "cpu"
     module = _loaded.get((path, interpret))
     if module is None:
-        if not path.exists() or path.read_text() != source:
+        try:
+            if not path.exists() or path.read_text() != source:
+                atomic_write(path, source.encode())
+        except OSError as e:  # an unusable cache directory costs only the cache
+            logs.log("kernels", "Triton module cache not writable (%s); writing privately", e)
+            path = private_dir() / path.name
             atomic_write(path, source.encode())
         spec = importlib.util.spec_from_file_location(path.stem, path)
         module = importlib.util.module_from_spec(spec)
