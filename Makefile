@@ -10,13 +10,16 @@ PYBIN := $(or $(shell $(PY) -c 'import sys; print(sys.executable)' 2>/dev/null),
 PYTHON := $(VENV)/bin/python
 # torch is pinned: an unpinned torch would pull a multi-GB CUDA build.
 TORCH := torch==$(TORCH_VERSION)
+# triton is pinned to the release torch's CUDA wheels require (they install it themselves on
+# 3.12/3.13; the CPU wheel of 3.11 does not, and the tests run Triton's interpreter).
+TRITON := $(if $(filter 2.14.%,$(TORCH_VERSION)),triton~=3.8.0,triton==3.7.1)
 
 .PHONY: demo test lint install
 
 $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(PYTHON) || $(PYBIN) -m venv $(VENV)
-	$(PYTHON) -m pip install -q $(TORCH)
-	$(PYTHON) -m pip install -q -e '.[test]'
+	$(PYTHON) -m pip install -q $(TORCH) $(TRITON)
+	$(PYTHON) -m pip install -q -e '.[test,triton]'
 	touch $@
 
 install: $(VENV)/.installed

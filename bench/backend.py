@@ -87,14 +87,14 @@ class Block(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
 
-def gpt2():
+def gpt2(device: str | torch.device = "cpu"):
     from transformers import GPT2Config, GPT2Model
 
     cfg = GPT2Config(n_layer=2, n_head=4, n_embd=256, vocab_size=2048, n_positions=256)
-    return _hidden_states(GPT2Model(cfg).eval())
+    return _hidden_states(GPT2Model(cfg).eval().to(device), device)
 
 
-def llama():
+def llama(device: str | torch.device = "cpu"):
     from transformers import LlamaConfig, LlamaModel
 
     cfg = LlamaConfig(
@@ -106,16 +106,16 @@ def llama():
         num_key_value_heads=2,
         max_position_embeddings=256,
     )
-    return _hidden_states(LlamaModel(cfg).eval())
+    return _hidden_states(LlamaModel(cfg).eval().to(device), device)
 
 
-def _hidden_states(model: nn.Module) -> tuple[Callable, list]:
+def _hidden_states(model: nn.Module, device: str | torch.device) -> tuple[Callable, list]:
     """A transformers model as a function of token ids (4 x 128 of a 2048 vocabulary)."""
 
     def run(ids):
         return model(input_ids=ids, use_cache=False).last_hidden_state
 
-    return run, [torch.randint(0, 2048, (4, 128))]
+    return run, [torch.randint(0, 2048, (4, 128), device=device)]
 
 
 def workloads() -> dict[str, Callable[[], tuple[Callable, list, float | None]]]:

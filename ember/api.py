@@ -30,6 +30,11 @@ from ember.errors import BreakReason, Unsupported
 functorch_active = torch_compat.functorch_transforms_active
 
 
+KNOWN_OPTIONS: dict[str, str] = {}
+"""`options` keys ember.compile acts on (name -> what it does): none yet, so every key is
+refused rather than accepted and ignored."""
+
+
 class CompileOptions:
     """What `ember.compile` was asked for, checked once up front."""
 
@@ -51,6 +56,21 @@ class CompileOptions:
             raise ValueError(f"unknown mode {mode!r}")
         if mode is not None and options:
             raise RuntimeError("either mode or options can be given, not both")
+        unknown = sorted(set(options or {}) - set(KNOWN_OPTIONS))
+        if unknown:
+            known = ", ".join(sorted(KNOWN_OPTIONS)) or "none"
+            raise ValueError(
+                f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}"
+                f" for ember.compile; known options: {known} (ember's settings are ember.config"
+                " fields, set with EMBER_* environment variables)"
+            )
+        if mode in ("reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
+            logs.log(
+                "kernels",
+                "mode=%r: CUDA graphs and autotuning are not implemented yet; compiling as"
+                " the default mode",
+                mode,
+            )
         self.fullgraph = fullgraph
         self.dynamic = dynamic
         """True: argument sizes are symbols from the first call; None: automatic (sizes seen

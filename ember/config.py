@@ -34,6 +34,9 @@ class Config:
     strict: bool = False
     """Raise instead of running a graph as aten ops when the backend fails (EMBER_STRICT=1;
     the test suite sets it, so a silent fallback cannot pass a test)."""
+    triton_interpret: bool = False
+    """Compile CPU graphs with the Triton code generator and run them under Triton's
+    interpreter (EMBER_TRITON_INTERPRET=1): the GPU code path, exercised on a CPU machine."""
     optimize_ddp: bool = True
     """Split graphs captured inside DDP's forward at its gradient buckets, so all-reduces
     overlap the backward (EMBER_OPTIMIZE_DDP=0: one graph, all-reduces after it)."""
@@ -51,6 +54,7 @@ _ENV = {
     "cpu_isa": ("EMBER_CPU_ISA", str),
     "strict": ("EMBER_STRICT", _flag),
     "optimize_ddp": ("EMBER_OPTIMIZE_DDP", _flag),
+    "triton_interpret": ("EMBER_TRITON_INTERPRET", _flag),
 }
 
 

@@ -21,9 +21,10 @@ from torch.utils._pytree import tree_leaves
 
 from ember import config, logs
 from ember.backend import sizes
-from ember.backend.codegen import build, cache, wrapper
+from ember.backend.codegen import build, cache, triton_code, triton_runtime, wrapper
 from ember.backend.codegen.cache import Artifact
 from ember.backend.codegen.cpp import kernel_source
+from ember.backend.codegen.plan import plan_kernel, plan_str
 from ember.backend.codegen.prelude import PRELUDE
 from ember.backend.ir import printer, verifier
 from ember.backend.lowering.graph import lower, symbolic_value
@@ -80,8 +81,11 @@ def schedule_str(s: Schedule) -> str:
     return "\n".join(lines)
 
 
-def generate(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Artifact:
-    """Aten graph -> C++ module + wrapper source (no compiler run)."""
+def generate(
+    gm: torch.fx.GraphModule, example_inputs: list[Any], language: str = "c++"
+) -> Artifact:
+    """Aten graph -> kernel module (C++, or Triton's Python) + wrapper source (no compiler
+    run). Both printers read the same schedule and kernel plans."""
     with _stage("lowering to the loop IR"):
         g = lower(gm, example_inputs)
         g = verifier.verify(g)
@@ -89,29 +93,47 @@ def generate(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Artifact:
         g = eliminate_dead(g)
         s = schedule(g)
         plan = memory.plan(s)
-    with _stage("C++ generation"):
-        sources, params = [PRELUDE], {}
-        buffers = g.buffer_map()
-        for k in s.kernels():
-            src, params[k.name] = kernel_source(k, buffers)
-            sources.append(src)
-        py = wrapper.wrapper_source(s, params, plan)
+    buffers = g.buffer_map()
+    params: dict[str, list[str]] = {}
+    if language == "triton":
+        with _stage("Triton generation"):
+            sources, launches = [triton_code.PRELUDE], {}
+            for k in s.kernels():
+                src, params[k.name], launches[k.name] = triton_code.kernel_source(k, buffers)
+                sources.append(src)
+            module = "\n\n".join(sources) + "\n"
+            py = wrapper.wrapper_source(s, params, plan, launches)
+    else:
+        with _stage("C++ generation"):
+            sources = [PRELUDE]
+            for k in s.kernels():
+                src, params[k.name] = kernel_source(k, buffers)
+                sources.append(src)
+            module = build.SPLIT.join(sources)
+            py = wrapper.wrapper_source(s, params, plan)
     cacheable = True
     ir_text = ""
     if _recorders or logs.enabled("schedule"):  # printing sympy indices is not free
-        ir_text = printer.graph_str(g) + "\n\nschedule:\n" + schedule_str(s)
+        plans = "\n".join(plan_str(plan_kernel(k, buffers)) for k in s.kernels())
+        ir_text = (
+            printer.graph_str(g) + "\n\nschedule:\n" + schedule_str(s) + "\n\nplans:\n" + plans
+        )
     # per kernel its argument kinds: p (a pointer) per buffer, s (an int64) per size symbol
     kernels = {name: "".join("p" if b in buffers else "s" for b in p) for name, p in params.items()}
     consts = dict(g.constants)
-    return Artifact(build.SPLIT.join(sources), py, kernels, consts, cacheable, ir_text)
+    return Artifact(module, py, kernels, consts, cacheable, ir_text, language)
 
 
-def _load(art: Artifact, gm: torch.fx.GraphModule) -> Callable[..., Any]:
-    with _stage("g++ and loading the kernels"):
-        kernels = build.load(art.cpp, art.kernels) if art.kernels else {}
+def _load(art: Artifact, gm: torch.fx.GraphModule, device: torch.device) -> Callable[..., Any]:
+    if art.language == "triton":
+        with _stage("loading the Triton kernels"):
+            kernels = triton_runtime.load(art.cpp, list(art.kernels), device)
+    else:
+        with _stage("g++ and loading the kernels"):
+            kernels = build.load(art.cpp, art.kernels) if art.kernels else {}
     with _stage("loading the wrapper"):
         consts = {buf: _attr(gm, target) for buf, target in art.constants.items()}
-        return wrapper.instantiate(art.wrapper, kernels, consts)
+        return wrapper.instantiate(art.wrapper, kernels, consts, device)
 
 
 def _attr(gm: torch.nn.Module, target: str) -> Any:
@@ -129,48 +151,79 @@ def _hints(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> dict:
     return sizes.hints_of(traced, example_inputs)
 
 
-def off_cpu(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> str | None:
-    """Why this graph cannot run as ember's kernels, which are C++ for the CPU: the first
-    input, constant or device argument that is not on the CPU (None when all are)."""
+def placement(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> torch.device | str:
+    """The one device a graph's tensors live on (its inputs, constants and the devices its
+    nodes name; the CPU when none), or why there is not one, as a message."""
+    found: dict[torch.device, str] = {}
+
+    def see(device: torch.device, where: str) -> None:
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        found.setdefault(device, where)
+
     for i, t in enumerate(example_inputs):
-        if isinstance(t, torch.Tensor) and t.device.type != "cpu":
-            return f"input {i} is on {t.device}"
+        if isinstance(t, torch.Tensor):
+            see(t.device, f"input {i}")
     for node in gm.graph.nodes:
         if node.op == "get_attr":
             t = _attr(gm, node.target)
-            if isinstance(t, torch.Tensor) and t.device.type != "cpu":
-                return f"constant {node.target} is on {t.device}"
+            if isinstance(t, torch.Tensor):
+                see(t.device, f"constant {node.target}")
         for a in tree_leaves((node.args, node.kwargs)):
-            if isinstance(a, torch.device) and a.type != "cpu":
-                return f"{node.name} names device {a}"
+            if isinstance(a, torch.device):
+                see(a, f"{node.name}'s device argument")
+    if len(found) > 1:
+        return "tensors on several devices: " + ", ".join(f"{w} on {d}" for d, w in found.items())
+    return next(iter(found), torch.device("cpu"))
+
+
+def language_for(device: torch.device) -> str | None:
+    """The code generator for graphs on `device`: "c++" on the CPU (or "triton" under
+    EMBER_TRITON_INTERPRET=1), "triton" on a CUDA device; None where ember has none."""
+    if device.type == "cpu":
+        return "triton" if config.current().triton_interpret else "c++"
+    if device.type == "cuda" and triton_runtime.version() is not None:
+        return "triton"
     return None
 
 
 def compile_aten(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     """Compile one functional aten graph into a callable taking its flat tensor inputs.
-    A graph whose tensors live off the CPU runs as its aten ops (on their device)."""
-    reason = off_cpu(gm, example_inputs)
-    if reason is not None:
+    A graph ember has no code generator for (tensors on several devices, or on a device
+    other than the CPU and, with Triton installed, CUDA) runs as its aten ops; such graphs
+    are counted in stats["off_cpu_graphs"]."""
+    device = placement(gm, example_inputs)
+    language = language_for(device) if isinstance(device, torch.device) else None
+    if language is None:
         stats["off_cpu_graphs"] += 1
-        logs.log("kernels", "running the aten graph: ember's kernels are CPU code; %s", reason)
+        why = device if isinstance(device, str) else f"no code generator for {device}"
+        logs.log("kernels", "running the aten graph: %s", why)
         return gm.forward
+    if language == "triton" and triton_runtime.version() is None:
+        raise BackendCompilerFailed(
+            "ember",
+            "Triton generation",
+            gm.code,
+            ImportError("EMBER_TRITON_INTERPRET=1 needs Triton: pip install -e '.[triton]'"),
+        )
     try:
         with _stage("graph cache lookup"):
             key = cache.graph_key(gm, example_inputs)
             art = cache.load(key)
         if art is None:
             with sizes.hinting(_hints(gm, example_inputs)):
-                art = generate(gm, example_inputs)
+                art = generate(gm, example_inputs, language)
             if logs.enabled("schedule"):
                 logs.log("schedule", "%s", art.ir_text)
             if logs.enabled("kernels"):
-                logs.log("kernels", "%s\n%s", art.cpp[len(PRELUDE) :], art.wrapper)
-            fn = _load(art, gm)
+                prelude = PRELUDE if language == "c++" else triton_code.PRELUDE
+                logs.log("kernels", "%s\n%s", art.cpp[len(prelude) :], art.wrapper)
+            fn = _load(art, gm, device)
             if art.cacheable:
                 cache.store(key, art)  # best effort: an unwritable cache only costs speed
             stats["generated"] += 1
         else:
-            fn = _load(art, gm)
+            fn = _load(art, gm, device)
             stats["graph_cache_hits"] += 1
     except StageFailed as e:
         if config.current().strict:

@@ -89,7 +89,7 @@ def test_an_unusable_cache_directory_compiles_privately(tmp_path):
         _check(x)
         assert stats["generated"] == before.get("generated", 0) + 1
         assert stats["graph_fallbacks"] == before.get("graph_fallbacks", 0)
-        assert build._private_dir().exists()
+        assert build.private_dir().exists()
 
 
 def test_a_full_cache_directory_compiles_privately(tmp_path, monkeypatch):

@@ -306,6 +306,8 @@ def test_options_are_checked():
         ember.compile(seed_f, mode="fastest-please")
     with pytest.raises(RuntimeError):
         ember.compile(seed_f, mode="default", options={"a": 1})
+    with pytest.raises(ValueError, match=r"unknown options 'max_autotune', 'x'.*known options"):
+        ember.compile(seed_f, options={"x": 1, "max_autotune": True})
     for mode in (None, "default", "reduce-overhead", "max-autotune"):
         compiled = ember.compile(seed_f, backend="eager", mode=mode)
         x, y = torch.randn(4, 4), torch.randn(4, 4)

@@ -161,7 +161,9 @@ def build(source: str) -> Path:
 
 
 @functools.cache
-def _private_dir() -> Path:
+def private_dir() -> Path:
+    """This process's own temporary directory (removed at exit), for when the cache
+    directory cannot be written."""
     path = Path(tempfile.mkdtemp(prefix="ember-kernels-"))
     atexit.register(shutil.rmtree, path, ignore_errors=True)
     return path
@@ -169,7 +171,7 @@ def _private_dir() -> Path:
 
 def _private_build(source: str) -> Path:
     """Compile into this process's own temporary directory (removed at exit)."""
-    so = _private_dir() / f"{library_key(source)}.so"
+    so = private_dir() / f"{library_key(source)}.so"
     if not so.exists():
         with tempfile.TemporaryDirectory(dir=so.parent) as tmp:
             _compile(source, Path(tmp) / "module.so", Path(tmp))

@@ -22,18 +22,19 @@ from ember import config, logs
 from ember.backend.codegen.build import atomic_write, compiler_id
 from ember.backend.lowering.graph import symbolic_value
 
-FORMAT = 2
+FORMAT = 3
 EMBER_VERSION = "0.1.0"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Artifact:
-    cpp: str
+    cpp: str  # the kernel module: C++, or Triton's Python where language == "triton"
     wrapper: str
     kernels: dict[str, str]  # kernel name -> argument kinds: "p" pointer, "s" int64 size
     constants: dict[str, str]  # buffer name -> fx attribute of a graph constant
     cacheable: bool = True
     ir_text: str = ""  # the loop IR and schedule, for logs and tests (not cached)
+    language: str = "c++"  # "c++" or "triton"
 
 
 @functools.cache
@@ -105,7 +106,9 @@ def load(key: str) -> Artifact | None:
         return None
     if not isinstance(data, dict) or data.get("format") != FORMAT or not _well_formed(data):
         return None
-    return Artifact(data["cpp"], data["wrapper"], data["kernels"], data["constants"])
+    return Artifact(
+        data["cpp"], data["wrapper"], data["kernels"], data["constants"], language=data["language"]
+    )
 
 
 def _well_formed(data: dict) -> bool:
@@ -119,6 +122,7 @@ def _well_formed(data: dict) -> bool:
         and isinstance(data.get("wrapper"), str)
         and str_dict(data.get("kernels"), str)
         and str_dict(data.get("constants"), str)
+        and data.get("language") in ("c++", "triton")
     )
 
 
@@ -132,6 +136,7 @@ def store(key: str, art: Artifact) -> None:
             "wrapper": art.wrapper,
             "kernels": art.kernels,
             "constants": art.constants,
+            "language": art.language,
         }
     ).encode()
     digest = hashlib.sha256(payload).hexdigest().encode()

@@ -7,17 +7,18 @@ so max/min keep eager's NaN propagation without relying on OpenMP's reduction cl
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import sympy
 
-from ember.backend import indexing, sizes
+from ember.backend import indexing
+from ember.backend.codegen.plan import INFIX, R0, Form, Segment, acc_type, plan_kernel, split_vars
+from ember.backend.codegen.plan import prod as _prod
 from ember.backend.ir import nodes as ir
 from ember.backend.ir.nodes import BinaryOp as B
 from ember.backend.ir.nodes import DType, ReductionType
 from ember.backend.ir.nodes import UnaryOp as U
-from ember.backend.scheduler.fusion import Kernel, Loop, column_access
+from ember.backend.scheduler.fusion import Kernel, Loop
 from ember.backend.sizes import hint
 
 LANES = 16
@@ -56,22 +57,11 @@ _FLOAT_FN = {  # op -> (float spelling, double spelling)
     U.ISINF: ("(__builtin_fabsf({}) == INFINITY)", "(__builtin_fabs({}) == INFINITY)"),
 }
 _INFIX = {
-    B.ADD: "+",
-    B.SUB: "-",
-    B.MUL: "*",
+    **INFIX,
     B.DIV: "/",
-    B.EQ: "==",
-    B.NE: "!=",
-    B.LT: "<",
-    B.LE: "<=",
-    B.GT: ">",
-    B.GE: ">=",
     B.LOGICAL_AND: "&&",
     B.LOGICAL_OR: "||",
     B.LOGICAL_XOR: "!=",
-    B.BITWISE_AND: "&",
-    B.BITWISE_OR: "|",
-    B.BITWISE_XOR: "^",
 }
 
 
@@ -226,35 +216,20 @@ def _limit(d: DType, which: str) -> str:
     return _INT_LIMITS[d][0 if which == "min" else 1]
 
 
-def acc_type(n: ir.Reduction) -> DType:
-    return DType.F32 if n.dtype == DType.BF16 else n.dtype
-
-
-def _prod(xs) -> int:
-    out = 1
-    for x in xs:
-        out *= x
-    return out
-
-
 class KernelWriter:
     """Writes one kernel function; `scalars` maps buffers to in-register values in scope."""
 
     def __init__(self, k: Kernel, buffers: dict[str, ir.Buffer]) -> None:
         self.k = k
+        self.plan = plan_kernel(k, buffers)
         self.buffers = buffers
         self.lines: list[str] = []
-        self.prefetch: list[tuple[str, sympy.Expr]] = []  # see _next_rows
+        self.prefetch: list[tuple[str, sympy.Expr]] = []  # see plan.next_rows
 
     def params(self) -> list[str]:
         """Buffers passed as pointers, in signature order (reads, then writes), then the
         size symbols the kernel's bounds and indices use (int64_t)."""
-        written = sorted(n.name for n in self.k.nodes() if n.name not in self.k.local)
-        read = set()
-        for n in self.k.nodes():
-            read |= ir.node_reads(n)
-        produced = {n.name for n in self.k.nodes()}
-        return sorted(read - produced) + written + kernel_sizes(self.k)
+        return self.plan.params
 
     def source(self) -> str:
         k = self.k
@@ -270,13 +245,13 @@ class KernelWriter:
         self.lines.append(f'extern "C" void {k.name}({", ".join(sig)}) {{')
         inner = max([_prod(lp.inner) for lp in k.loops] + [1], key=hint)
         par = f"if({c_size(_prod(k.outer) * inner)} >= {PARALLEL_MIN_WORK})"
-        if _column_reduction(k):
+        if self.plan.form == Form.COLUMNS:
             self._columns(par)
             return "\n".join(self.lines)
         n = len(k.outer)
-        pure = all(not lp.inner for lp in k.loops)
+        pure = self.plan.form == Form.POINTWISE
         ind = "  "
-        plan = _inner_plan(k) if pure and n >= 1 else None
+        plan = self.plan.segments
         if plan:
             self._segmented(plan, par)
             return "\n".join(self.lines)
@@ -298,7 +273,7 @@ class KernelWriter:
                 ind += "  "
         scalars: dict[str, str] = {}
         self.stash, self.preset, arrays = _shared_across_loops(k)
-        self.prefetch = _next_rows(k, self.buffers)
+        self.prefetch = list(self.plan.prefetch)
         for dtype, name, size in arrays:
             self.lines.append(f"{ind}{VALUE_T[dtype]} {name}[{size}];")
         for j, lp in enumerate(k.loops):
@@ -309,8 +284,8 @@ class KernelWriter:
             self.lines.append(f"{ind}}}")
         return "\n".join(self.lines)
 
-    def _segmented(self, plan: list[_Part], par: str) -> None:
-        """A pure pointwise kernel whose innermost loop is cut into parts (see `_inner_plan`):
+    def _segmented(self, plan: tuple[Segment, ...], par: str) -> None:
+        """A pure pointwise kernel whose innermost loop is cut into parts (see plan.segments):
         each part reads only the pieces its range covers, without masks, and a part whose
         loads divide the innermost variable by `d` runs as an outer loop over blocks of `d`
         around an inner loop that the loads walk contiguously; so every part vectorizes."""
@@ -327,7 +302,7 @@ class KernelWriter:
         for part in plan:
             inner = ind
             if part.block > 1:
-                block, lane = _split_vars(var)
+                block, lane = split_vars(var)
                 if alone:
                     self.lines.append(f"{ind}#pragma omp parallel for {par}")
                 n_blocks = (part.hi - part.lo) // part.block
@@ -502,7 +477,7 @@ class KernelWriter:
             for buf, index in prefetch:
                 per_line = max(1, 64 // self.buffers[buf].dtype.itemsize)
                 for at in range(0, LANES, per_line):
-                    where = indexing.to_c(index.subs(_R0, _RB + at))
+                    where = indexing.to_c(index.subs(R0, _RB + at))
                     self.lines.append(f"{ind}  __builtin_prefetch(&{buf}[{where}], 0, 3);")
             self.lines.append(f"{ind}  #pragma omp simd")
             self.lines.append(f"{ind}  for (int l = 0; l < {LANES}; ++l) {{")
@@ -520,142 +495,7 @@ class KernelWriter:
             self.lines.append(f"{ind}}}")
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Part:
-    """A range [lo, hi) of a pure pointwise kernel's innermost variable and its nodes
-    specialized to it; block > 1: the variable is lo + b*block + l, with the nodes' indices
-    rewritten in b and l."""
-
-    lo: int
-    hi: int
-    block: int
-    nodes: list[ir.Pointwise]
-
-
-def _inner_plan(k: Kernel) -> list[_Part] | None:
-    """How a pure pointwise kernel's innermost loop runs, when not as one plain loop: parts
-    cut at the bounds of masks on the innermost variable (a concatenation along it), each in
-    blocks when its loads divide the variable (a view that splits the innermost dim, like
-    heads x head_dim)."""
-    n, size = len(k.outer), k.outer[-1]
-    var = ir.loop_vars(n)[-1]
-    masks = [m for node in k.nodes() for ld in ir.loads(node.body) for m in ld.mask]
-    bounds = [b for m in masks if m.value == var for b in (m.lo, m.hi)]
-    if not all(isinstance(b, int) for b in (size, *bounds)):
-        return None  # cut points of symbolic sizes: one loop with masked loads
-    cuts = {0, size} | {min(max(b, 0), size) for b in bounds}
-    edges = sorted(cuts)
-    plan = []
-    for lo, hi in zip(edges, edges[1:]):
-        nodes = [_within(nd, var, lo, hi) for nd in k.nodes()] if len(edges) > 2 else k.nodes()
-        plan.append(_blocked(nodes, var, lo, hi, k.outer[:-1]))
-    return None if len(plan) == 1 and plan[0].block == 1 else plan
-
-
-MIN_SPLIT = 16  # smallest inner block worth a loop of its own (one AVX-512 vector of floats)
-
-
-def _blocked(nodes: list, var, lo: int, hi: int, outer: tuple[int, ...]) -> _Part:
-    """The part [lo, hi) in blocks of d when that turns every div/mod of `var` in the nodes'
-    loads into plain block and lane indices; else unsplit (block 1)."""
-    found = [f.args[1] for f in _divmods(nodes) if f.args[0].has(var)]
-    if not all(d.is_Integer for d in found):
-        return _Part(lo, hi, 1, nodes)  # a symbolic divisor: one plain loop
-    divisors = {int(d) for d in found}
-    d = min(divisors, default=1)
-    if d < MIN_SPLIT or (hi - lo) % d or any(x % d for x in divisors):
-        return _Part(lo, hi, 1, nodes)
-    block, lane = _split_vars(var)
-    env = dict(zip(ir.loop_vars(len(outer)), outer)) | {block: (hi - lo) // d, lane: d}
-    split = [_substituted(node, var, lo + block * d + lane, env) for node in nodes]
-    if any(f.args[0].has(lane) for f in _divmods(split)):
-        return _Part(lo, hi, 1, nodes)
-    return _Part(lo, hi, d, split)
-
-
-def _divmods(nodes: list) -> list:
-    """The FloorDiv/ModIdx terms of the nodes' load, mask and index-value indices."""
-    out = []
-    for node in nodes:
-        for e in ir.walk(node.body):
-            if isinstance(e, ir.Load):
-                indices = [e.index, *(m.value for m in e.mask)]
-            else:
-                indices = [e.index] if isinstance(e, ir.IndexValue) else []
-            for index in indices:
-                out.extend(index.atoms(indexing.FloorDiv, indexing.ModIdx))
-    return out
-
-
-def _split_vars(var):
-    return (
-        sympy.Symbol(f"{var.name}b", integer=True, nonnegative=True),
-        sympy.Symbol(f"{var.name}l", integer=True, nonnegative=True),
-    )
-
-
-def _substituted(node: ir.Pointwise, var, value, env: dict) -> ir.Pointwise:
-    """`node` with `var` replaced by `value`, indices simplified over `env`."""
-
-    def fix(index):
-        return indexing.simplify(sympy.expand(index.xreplace({var: value})), env)
-
-    body = ir.map_loads(node.body, lambda ld: ir.reindex(ld, fix), fix)
-    return dataclasses.replace(node, body=body, index=fix(node.index))
-
-
-def _within(node: ir.Pointwise, var, lo: int, hi: int) -> ir.Pointwise:
-    """`node` for lo <= var < hi only: masks on `var` resolved (dropped where they hold,
-    the load replaced by 0 where they do not) and comparisons of `var` with constants folded,
-    with the `Where`s they decide."""
-
-    def fold(e: ir.Expr) -> ir.Expr:
-        if isinstance(e, ir.Load):
-            if any(m.value == var and (hi <= m.lo or m.hi <= lo) for m in e.mask):
-                return ir.Const(False if e.dtype == DType.BOOL else 0, e.dtype)
-            keep = tuple(m for m in e.mask if not (m.value == var and m.lo <= lo and hi <= m.hi))
-            return ir.Load(e.buffer, e.index, e.dtype, keep)
-        if isinstance(e, ir.Binary):
-            a, b = fold(e.a), fold(e.b)
-            if e.op == B.LT and isinstance(a, ir.IndexValue) and a.index == var:
-                if isinstance(b, ir.Const) and (hi <= b.value or lo >= b.value):
-                    return ir.Const(hi <= b.value, DType.BOOL)
-            return ir.Binary(e.op, a, b, e.dtype)
-        if isinstance(e, ir.Where):
-            cond = fold(e.cond)
-            if isinstance(cond, ir.Const):
-                return fold(e.a) if cond.value else fold(e.b)
-            return ir.Where(cond, fold(e.a), fold(e.b), e.dtype)
-        if isinstance(e, ir.Unary):
-            return ir.Unary(e.op, fold(e.x), e.dtype)
-        if isinstance(e, ir.Cast):
-            return ir.Cast(fold(e.x), e.dtype)
-        return e
-
-    return dataclasses.replace(node, body=fold(node.body))
-
-
 COLUMNS = 64  # adjacent outputs a column reduction accumulates at once
-
-
-def _column_reduction(k: Kernel) -> bool:
-    """One loop of reductions over one dim whose loads are contiguous in the output index
-    and strided in the reduced one (x.sum(0) of a row-major matrix), or depend on only one
-    of the two."""
-    if len(k.outer) != 1 or len(k.loops[0].inner) != 1:
-        return False
-    if not all(isinstance(n, ir.Reduction) for n in k.loops[0].nodes):
-        return False
-    epilogue = [n for lp in k.loops[1:] for n in lp.nodes]
-    if any(lp.inner for lp in k.loops[1:]) or any(isinstance(n, ir.Reduction) for n in epilogue):
-        return False
-    x0, r0 = ir.loop_vars(1)[0], ir.loop_vars(1, "r")[0]
-    loads = [ld.index for n in k.loops[0].nodes for ld in ir.loads(n.body)]
-    # besides the column reads: per-row values (a layer norm's mean and rstd) and per-column
-    # ones read the same in either order
-    return any(column_access(i, x0, r0) for i in loads) and all(
-        column_access(i, x0, r0) or not (i.has(x0) and i.has(r0)) for i in loads
-    )
 
 
 MAX_SCRATCH = 16384  # elements of a per-row scratch array (on the thread's stack)
@@ -714,61 +554,12 @@ def _shared_across_loops(k: Kernel):
     return stash, preset, arrays
 
 
-_R0 = ir.loop_vars(1, "r")[0]
-_RB = sympy.Symbol("rb", integer=True, nonnegative=True)
-PREFETCH_MIN_BYTES = 1 << 20  # rows in all below which they stay in cache between kernels
-
-
-def _next_rows(k: Kernel, buffers: dict[str, ir.Buffer]) -> list[tuple[str, sympy.Expr]]:
-    """What the second loop of a kernel making several passes over each outer point's row
-    prefetches: the row its first loop reads from memory, at the next outer point (each
-    buffer, index at the next point with r0 free). The first pass waits on memory while
-    the later ones run from cache, and the hardware prefetcher does not run ahead across
-    the passes; fetching the next row during the second pass overlaps the two (nn.LayerNorm
-    4096x1024: 1.39 -> 1.03 ms in a hand-written C++ test, prefetching in the last pass
-    instead 1.19 ms). Only contiguous row reads of large inputs, so a line is one fetch."""
-    if len(k.loops) < 2 or not k.outer:
-        return []
-    first, second = k.loops[0], k.loops[1]
-    if len(first.inner) != 1 or second.inner != first.inner:
-        return []
-    x = ir.loop_vars(len(k.outer))[-1]
-    produced = {n.name for n in k.nodes()}
-    rows: dict[str, sympy.Expr] = {}
-    for node in first.nodes:
-        for ld in ir.loads(node.body):
-            divided = ld.index.has(indexing.FloorDiv, indexing.ModIdx)
-            contiguous = ld.index.coeff(_R0) == 1 and not divided
-            if ld.buffer in produced or ld.mask or not contiguous or not ld.index.has(x):
-                continue
-            rows[ld.buffer] = ld.index.subs(x, x + 1)
-    size = _prod(k.outer) * first.inner[0]
-    # symbolic sizes: prefetch (a hint is one size of many; rows served dynamically are
-    # typically large, and a prefetch of small rows costs a few instructions per row)
-    if (
-        isinstance(size, int)
-        and sum(size * buffers[b].dtype.itemsize for b in rows) < PREFETCH_MIN_BYTES
-    ):
-        return []
-    return sorted(rows.items())
+_RB = sympy.Symbol("rb", integer=True, nonnegative=True)  # a block's first r0
 
 
 def c_size(v: ir.Size) -> str:
     """C source of a size (a size symbol is an argument of the kernel)."""
     return str(v) if isinstance(v, int) else indexing.to_c(v)
-
-
-def kernel_sizes(k: Kernel) -> list[str]:
-    """Names of the size symbols a kernel needs, sorted (they follow its pointers)."""
-    found = sizes.symbols(k.outer, *(lp.inner for lp in k.loops))
-    for n in k.nodes():
-        found |= sizes.symbols(n.index)
-        for e in ir.walk(n.body):
-            if isinstance(e, ir.Load):
-                found |= sizes.symbols(e.index, *((m.value, m.lo, m.hi) for m in e.mask))
-            elif isinstance(e, ir.IndexValue):
-                found |= sizes.symbols(e.index)
-    return sorted(s.name for s in found)
 
 
 def kernel_source(k: Kernel, buffers: dict[str, ir.Buffer]) -> tuple[str, list[str]]:

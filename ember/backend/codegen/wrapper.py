@@ -8,6 +8,7 @@ types preset, data pointers as ints), one torch call per extern. The source only
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -57,9 +58,12 @@ def literal(v: Any) -> str:
 
 
 class _Writer:
-    def __init__(self, s: Schedule, params: dict[str, list[str]], plan: Plan) -> None:
+    def __init__(
+        self, s: Schedule, params: dict[str, list[str]], plan: Plan, launches: dict[str, str]
+    ) -> None:
         self.s = s
         self.params = params
+        self.launches = launches
         self.plan = plan
         self.buffers = s.graph.buffer_map()
         self.var: dict[str, str] = {}  # buffer -> python variable holding its storage
@@ -103,6 +107,10 @@ class _Writer:
                 size, stride = py_tuple(lay.size), py_tuple(lay.stride)
                 self.body.append(f"    {b} = _empty_strided({size}, {stride}, dtype={dt})")
             self.var[b], self.actual[b] = b, lay
+        if k.name in self.launches:  # a Triton kernel: tensors and sizes, then its grid
+            args = ", ".join(self.var.get(b, b) for b in self.params[k.name])
+            self.body.append(f"    _{k.name}{self.launches[k.name].format(args=args)}")
+            return
         ptrs = ", ".join(
             f"{self.var[b]}.data_ptr()" if b in self.buffers else b for b in self.params[k.name]
         )
@@ -172,28 +180,47 @@ def _op_source(op: Any) -> str:
     return f"getattr(getattr(torch.ops.{ns}, {name!r}), {overload!r})"
 
 
-def wrapper_source(s: Schedule, params: dict[str, list[str]], plan: Plan) -> str:
-    """Python source defining `call(in0, in1, ...)` for the schedule."""
-    return _Writer(s, params, plan).write()
+def wrapper_source(
+    s: Schedule, params: dict[str, list[str]], plan: Plan, launches: dict[str, str] | None = None
+) -> str:
+    """Python source defining `call(in0, in1, ...)` for the schedule. Kernels named in
+    `launches` are Triton kernels, launched as `_name` + the launch text with `{args}` filled
+    in; the others are C functions called through ctypes with data pointers."""
+    return _Writer(s, params, plan, launches or {}).write()
 
 
 def _fix(t: torch.Tensor, size: tuple, stride: tuple) -> torch.Tensor:
     """A fallback's result in the layout the kernels were generated for (copy if needed)."""
     if tuple(t.stride()) == stride or t.numel() <= 1:
         return t
-    out = torch.empty_strided(size, stride, dtype=t.dtype)
+    out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
     out.copy_(t)
     return out
 
 
-def instantiate(source: str, kernels: dict[str, Any], constants: dict[str, Any]) -> Any:
-    """Execute wrapper source with kernel functions and graph constants bound; returns `call`."""
+def pow2(n: int) -> int:
+    """The power of two at or above n (a Triton tile covering a row of n elements)."""
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def instantiate(
+    source: str,
+    kernels: dict[str, Any],
+    constants: dict[str, Any],
+    device: torch.device | None = None,
+) -> Any:
+    """Execute wrapper source with kernel functions and graph constants bound; returns `call`.
+    Buffers are allocated on `device` (on a GPU, from torch's caching allocator)."""
+    on = {} if device is None or device.type == "cpu" else {"device": device}
     scope: dict[str, Any] = {
         **constants,
-        "_empty": torch.empty,
-        "_empty_strided": torch.empty_strided,
+        "_empty": functools.partial(torch.empty, **on) if on else torch.empty,
+        "_empty_strided": functools.partial(torch.empty_strided, **on)
+        if on
+        else torch.empty_strided,
         "_as": torch.as_strided,
         "_fix": _fix,
+        "_pow2": pow2,
     }
     scope.update({f"_{name}": fn for name, fn in kernels.items()})
     exec(compile(source, "<ember wrapper>", "exec"), scope)
