@@ -597,7 +597,7 @@ class _Probe(Emitter):
 def can_rebuild(template: types.CodeType, value: Value) -> bool:
     """Whether break code could rebuild `value` (a `with` block's `__exit__`)."""
     try:
-        _Probe(CodeBuilder(template), {}).reconstruct(value)
+        _Probe(CodeBuilder(template), Harvest(None, [], {})).reconstruct(value)  # no graph
     except Unsupported:
         return False
     return True
