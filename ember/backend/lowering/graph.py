@@ -20,6 +20,7 @@ from ember.backend.ir import nodes as ir
 from ember.backend.ir.nodes import DType, Size
 from ember.backend.lowering import (  # noqa: F401  (registers lowerings)
     fallback,
+    norms,
     pointwise,
     reductions,
     views,
