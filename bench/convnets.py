@@ -78,7 +78,10 @@ class SmallResNet(nn.Module):
         return self.head(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
-def _workload(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...], bool]:
+CONVNETS = ("block", "resnet", "resnet_cl")
+
+
+def workload(name: str) -> tuple[nn.Module, tuple[torch.Tensor, ...], bool]:
     """(model, inputs, whether the model returns its loss itself)."""
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(1)
@@ -118,7 +121,7 @@ def _runner(call, model: nn.Module, inputs, train: bool, returns_loss: bool):
 
 
 def measure(name: str, train: bool, blocks: int, block_s: float) -> dict:
-    base, inputs, returns_loss = _workload(name)
+    base, inputs, returns_loss = workload(name)
     base.train(train)
     runners, models = {}, {}
     for variant in ("eager", "inductor", "ember"):

@@ -22,6 +22,7 @@ from ember.backend.lowering import (  # noqa: F401  (registers lowerings)
     fallback,
     norms,
     pointwise,
+    pooling,
     reductions,
     views,
 )

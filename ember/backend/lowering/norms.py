@@ -254,7 +254,12 @@ def _batch_norm_backward(
     dot = ch.sum(lambda idx: pw.bin_(B.MUL, g(idx), centred(idx))) if need_dot else None
     out: list[Value | None] = [None, None, None]
     if mask[0]:
-        a = ch.realized(lambda c: pw.bin_(B.MUL, ch.at(invstd, c), ch.at(weight, c, 1.0)))
+
+        def a(c):
+            # per element (one multiply): a realized coefficient that reads nothing of the
+            # sums' kernel would start a kernel of its own and take k and gm with it
+            return pw.bin_(B.MUL, ch.at(invstd, c), ch.at(weight, c, 1.0))
+
         if train:
             n = ch.const(ch.n)
             k = ch.realized(
@@ -270,12 +275,12 @@ def _batch_norm_backward(
                 c = idx[1]
                 v = pw.bin_(B.SUB, g(idx), gm.load([c]))
                 v = pw.bin_(B.SUB, v, pw.bin_(B.MUL, centred(idx), k.load([c])))
-                return pw.bin_(B.MUL, v, a.load([c]))
+                return pw.bin_(B.MUL, v, a(c))
 
         else:
 
             def dx(idx):
-                return pw.bin_(B.MUL, g(idx), a.load([idx[1]]))
+                return pw.bin_(B.MUL, g(idx), a(idx[1]))
 
         out[0] = ch.elementwise(dx, _dtype(ctx.meta[0]))
     if mask[1]:
