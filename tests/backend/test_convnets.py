@@ -40,7 +40,7 @@ class Block(nn.Module):
 
 
 # gathers slower than eager's scatter kernels (ember/backend/lowering/pooling.py)
-NOT_LOWERED = ("max_pool2d_with_indices_backward", "avg_pool2d_backward")
+NOT_LOWERED = ("max_pool2d_with_indices_backward", "avg_pool2d_backward", "group_norm_backward")
 
 
 def _fallbacks(arts) -> list[str]:
@@ -109,17 +109,22 @@ def test_batch_norm_channels_last_batch_one():
 
 class Variants(nn.Module):
     """BatchNorm2d without affine parameters and without running statistics, BatchNorm1d
-    on features (N, C) and on sequences (N, C, L)."""
+    on features (N, C) and on sequences (N, C, L), GroupNorm, InstanceNorm2d (a batch norm
+    of the input viewed as one sample of N * C channels). Layers before a batch norm have
+    no bias: its exact gradient is 0, and both sides would compare rounding noise."""
 
     def __init__(self) -> None:
         super().__init__()
         self.plain = Block(affine=False)
         self.batch_stats = nn.BatchNorm2d(8, track_running_stats=False)
-        self.mlp = nn.Sequential(nn.Linear(8, 12), nn.BatchNorm1d(12), nn.ReLU())
-        self.seq = nn.Sequential(nn.Conv1d(8, 6, 3), nn.BatchNorm1d(6), nn.ReLU())
+        self.mlp = nn.Sequential(nn.Linear(8, 12, bias=False), nn.BatchNorm1d(12), nn.ReLU())
+        self.seq = nn.Sequential(nn.Conv1d(8, 6, 3, bias=False), nn.BatchNorm1d(6), nn.ReLU())
+        self.group = nn.GroupNorm(4, 8)
+        self.instance = nn.InstanceNorm2d(8, affine=True)
 
     def forward(self, x):
         y = self.batch_stats(self.plain(x))
+        y = F.relu(self.instance(self.group(y)))
         flat = self.mlp(y.mean((2, 3)))
         return flat.mean() + self.seq(y.flatten(2)).mean()
 

@@ -1,4 +1,4 @@
-"""Batch norm and group norm lowered to ember's reductions and lazy pointwise values.
+"""Batch norm and group norm (forward) lowered to ember's reductions and lazy pointwise values.
 
 Batch norm normalizes each channel (dim 1) over every other dim. Its statistics are two
 reductions over (N, spatial) per channel (sum, then the sum of squared deviations: a
@@ -24,13 +24,15 @@ from typing import Any
 import sympy
 import torch
 
+from ember.backend.indexing import FloorDiv
 from ember.backend.ir.nodes import BinaryOp as B
 from ember.backend.ir.nodes import DType, Expr, ReductionType
 from ember.backend.ir.nodes import UnaryOp as U
 from ember.backend.lowering import pointwise as pw
-from ember.backend.lowering.reductions import numel, reduce
+from ember.backend.lowering.reductions import numel, reduce, var_parts
 from ember.backend.lowering.registry import LowerCtx, NotLowered, opmath, register
 from ember.backend.lowering.values import LazyValue, Value, cast
+from ember.backend.lowering.views import reshape
 
 aten = torch.ops.aten
 
@@ -290,3 +292,38 @@ def _batch_norm_backward(
     if mask[2]:
         out[2] = ch.value(lambda c: sum_g.load([c]), _dtype(ctx.meta[2]))
     return out
+
+
+@register(aten.native_group_norm.default)
+def _group_norm(ctx: LowerCtx, x, weight, bias, n, c, hw, group: int, eps: float) -> list[Value]:
+    """Statistics per (sample, group) as a row reduction over the group's channels and
+    positions (the input viewed as (N, G, C/G * HxW), two passes like layer norm), the
+    output a lazy value over the per-channel weight and bias, fused with what follows.
+    The backward stays eager's (`native_group_norm_backward`)."""
+    dtype = _float(x)
+    if not all(isinstance(s, int) for s in (*x.size, n, c, hw)) or c % group:
+        raise NotLowered("group norm with symbolic sizes")
+    comp = opmath(dtype)
+    per_group = c // group
+    rows = reshape(ctx, x, (n, group, per_group * hw))
+    mean, m2 = var_parts(ctx, rows, [2], (n, group, 1), comp, True)
+    zero = sympy.Integer(0)
+
+    def rstd(i, g) -> Expr:
+        var = pw.bin_(B.DIV, m2.load([i, g, zero]), pw.const(per_group * hw, comp))
+        return pw.un(U.RSQRT, pw.bin_(B.ADD, var, pw.const(eps, comp)))
+
+    def norm(idx):
+        i, g = idx[0], FloorDiv(idx[1], per_group)
+        v = pw.bin_(B.SUB, cast(x.load(idx), comp), mean.load([i, g, zero]))
+        v = pw.bin_(B.MUL, v, rstd(i, g))
+        if weight is not None:
+            v = pw.bin_(B.MUL, v, cast(weight.load([idx[1]]), comp))
+        if bias is not None:
+            v = pw.bin_(B.ADD, v, cast(bias.load([idx[1]]), comp))
+        return cast(v, dtype)
+
+    stat = _dtype(ctx.meta[1])
+    means = LazyValue((n, group), stat, lambda idx: cast(mean.load([*idx, zero]), stat))
+    rstds = LazyValue((n, group), stat, lambda idx: cast(rstd(*idx), stat))
+    return [LazyValue(tuple(x.size), _dtype(ctx.meta[0]), norm), means, rstds]
