@@ -48,11 +48,23 @@ def _in_format(t: torch.Tensor | None, fmt: torch.memory_format | None) -> torch
     return torch.empty(t.shape, dtype=t.dtype, device=t.device, memory_format=fmt)
 
 
+def _bound(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The call's arguments by schema name."""
+    names = [a.name for a in func._schema.arguments]
+    return dict(zip(names, args, strict=False)) | kwargs
+
+
+_PARAMS = ("stride", "padding", "dilation", "transposed", "output_padding", "groups")
+
+
+def _format_of(func: Any, args: tuple, kwargs: dict) -> torch.memory_format | None:
+    a = _bound(func, args, kwargs)
+    return eager_memory_format(a["input"], a["weight"], *(a[n] for n in _PARAMS))
+
+
 def convolution(tracer: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     """Record `aten.convolution` with eager's result strides."""
-    out = tracer._on_meta(func, args, kwargs)
-    x, weight, _bias, *params = (*args, *kwargs.values())
-    out = _in_format(out, eager_memory_format(x, weight, *params))
+    out = _in_format(tracer._on_meta(func, args, kwargs), _format_of(func, args, kwargs))
     node = tracer.emit(func, tracer._record(args), tracer._record(kwargs), out)
     tracer._bind_roots(out, node)
     return out
@@ -62,8 +74,7 @@ def convolution_backward(tracer: Any, func: Any, args: tuple, kwargs: dict) -> A
     """Record `aten.convolution_backward` with eager's strides: the input and weight
     gradients in the memory format of the forward's result."""
     out = tracer._on_meta(func, args, kwargs)
-    _grad, x, weight, _bias_sizes, *params = (*args, *kwargs.values())
-    fmt = eager_memory_format(x, weight, *params[:6])
+    fmt = _format_of(func, args, kwargs)
     out = (_in_format(out[0], fmt), _in_format(out[1], fmt), out[2])
     node = tracer.emit(func, tracer._record(args), tracer._record(kwargs), out)
     tracer._bind_roots(out, node)

@@ -117,7 +117,19 @@ def _padded(ctx: LowerCtx, x: Value, win: _Window, fill: float, dtype: DType) ->
             inside = cond if inside is None else pw.bin_(B.LOGICAL_AND, inside, cond)
         return pw.where(inside, v, pw.const(fill, dtype))
 
-    return ctx.builder.realize(LazyValue((*lead, *size), dtype, load))
+    full = (*lead, *size)
+    return ctx.builder.realize(LazyValue(full, dtype, load), _strides_like(full, ctx.meta))
+
+
+def _strides_like(size: tuple, meta: Any) -> tuple[int, ...]:
+    """Dense strides for `size` in the dim order of the op's (first) output: a channels-last
+    pooling reads and writes its padded copy channels-last."""
+    out = meta[0] if isinstance(meta, list | tuple) else meta
+    order = sorted(range(len(size)), key=lambda d: (-out.stride()[d], d))
+    strides, acc = [0] * len(size), 1
+    for d in reversed(order):
+        strides[d], acc = acc, acc * size[d]
+    return tuple(strides)
 
 
 def _max_pool(ctx: LowerCtx, x: Value, win: _Window, size: tuple) -> tuple[LazyValue, LazyValue]:
