@@ -7,6 +7,7 @@ bench/training.py, and prints milliseconds per step, largest first, per graph (g
 forward, g1.. the backward). The rest of the step is Python, autograd and allocation.
 
     .venv/bin/python bench/kernel_times.py [transformer|mlp] [--steps 20]
+    .venv/bin/python bench/kernel_times.py resnet [--infer] [--threads 1]   # convnets.py's
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from convnets import CONVNETS, workload  # noqa: E402
 from training import WORKLOADS  # noqa: E402
 
 import ember.backend  # noqa: E402
@@ -64,24 +66,40 @@ def _instrumented(instantiate: Any) -> Any:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("workload", nargs="?", default="transformer", choices=sorted(WORKLOADS))
+    names = sorted(WORKLOADS) + sorted(CONVNETS)
+    p.add_argument("workload", nargs="?", default="transformer", choices=names)
     p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--infer", action="store_true", help="eval-mode forward under no_grad")
+    p.add_argument("--threads", type=int, default=2)
     a = p.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(a.threads)
     wrapper.instantiate = _instrumented(wrapper.instantiate)
     torch.manual_seed(0)
-    factory, shape = WORKLOADS[a.workload]
-    model, x = factory(), torch.randn(shape)
-    step = torch.compile(model, backend=ember.backend.compile_graph, dynamic=False)
+    if a.workload in CONVNETS:
+        model, (x, *_) = workload(a.workload)[:2]
+    else:
+        factory, shape = WORKLOADS[a.workload]
+        model, x = factory(), torch.randn(shape)
+    model.train(not a.infer)
+    compiled = torch.compile(model, backend=ember.backend.compile_graph, dynamic=False)
+
+    def step() -> None:
+        if a.infer:
+            with torch.no_grad():
+                compiled(x)
+        else:
+            compiled(x).square().mean().backward()
+
     for _ in range(3):
-        step(x).square().mean().backward()
+        step()
     SPENT.clear()
     start = time.perf_counter()
     for _ in range(a.steps):
-        step(x).square().mean().backward()
+        step()
     total = (time.perf_counter() - start) / a.steps * 1e3
     inside = sum(SPENT.values()) / a.steps * 1e3
-    print(f"{a.workload}: forward + backward {total:.2f} ms per step, {inside:.2f} ms in calls")
+    what = "forward" if a.infer else "forward + backward"
+    print(f"{a.workload}: {what} {total:.2f} ms per step, {inside:.2f} ms in calls")
     for key, sec in sorted(SPENT.items(), key=lambda kv: -kv[1]):
         print(f"{key:14} {sec / a.steps * 1e3:8.3f} ms  {WHAT.get(key, 'kernel')}")
 

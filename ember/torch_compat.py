@@ -79,6 +79,10 @@ OpOverloadPacket: type = _resolve("_ops.OpOverloadPacket")
 FunctionBase: type = _resolve("_C._FunctionBase")
 TensorBase: type = _resolve("_C.TensorBase")
 is_compiling_flag: Callable[[], bool] = _resolve("_utils.is_compiling")
+select_conv_backend: Callable[..., Any] = _resolve("_C._select_conv_backend")
+"""The convolution kernel eager picks for given tensors and parameters..."""
+conv_memory_format: Callable[..., Any] = _resolve("_C._conv_determine_backend_memory_format")
+"""...and the memory format that kernel gives its result (channels-last or not)."""
 TORCH_C_NAMESPACES: tuple[Any, ...] = tuple(
     _resolve(f"_C.{name}") for name in ("_nn", "_VariableFunctions", "_linalg", "_fft", "_special")
 )

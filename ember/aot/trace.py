@@ -32,6 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._sympy.functions import FloorDiv, PythonMod
 
 from ember import torch_compat
+from ember.aot import convolution
 from ember.aot.attention import EagerAttention
 from ember.aot.dropout import FusedDropout
 from ember.aot.functionalize import (
@@ -499,6 +500,8 @@ _SYM_OPS: dict[Any, Callable[[Any, Any], Any]] = {
 SpecialRule = Callable[[Tracer, Any, tuple, dict], Any]
 _SPECIAL: dict[Any, SpecialRule] = {
     aten.native_batch_norm.default: _native_batch_norm,
+    aten.convolution.default: convolution.convolution,
+    aten.convolution_backward.default: convolution.convolution_backward,
 }
 
 

@@ -30,14 +30,39 @@ LIBRARY_OPS = frozenset(
 )
 
 
-def _arg(ctx: LowerCtx, a: Any) -> Any:
+def _arg(ctx: LowerCtx, a: Any, source: Any = None) -> Any:
+    """An extern call's argument; a lazy value is realized in the strides eager gives the
+    fx node it comes from (`source`), so a channels-last operand stays channels-last."""
     if isinstance(a, LazyValue):
-        a = ctx.builder.realize(a)
+        a = ctx.builder.realize(a, _strides_of(source, a))
     if isinstance(a, BufferValue):
         return ir.TensorArg(a.buffer, a.layout)
     if isinstance(a, list | tuple):
-        return tuple(_arg(ctx, x) for x in a)
+        srcs = source if isinstance(source, list | tuple) else [None] * len(a)
+        return tuple(_arg(ctx, x, s) for x, s in zip(a, srcs))
     return a
+
+
+def _strides_of(source: Any, v: LazyValue) -> tuple | None:
+    val = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+    if (
+        isinstance(val, torch.Tensor)
+        and tuple(val.shape) == tuple(v.size)
+        and all(isinstance(st, int) for st in (*val.shape, *val.stride()))
+        and _dense(val.shape, val.stride())
+    ):
+        return tuple(val.stride())
+    return None
+
+
+def _dense(size: Any, stride: Any) -> bool:
+    """Whether the strides are a permutation of contiguous ones."""
+    acc = 1
+    for st, s in sorted((st, s) for s, st in zip(size, stride) if s != 1):
+        if st != acc:
+            return False
+        acc *= s
+    return True
 
 
 def _tensor_leaves(meta: Any, path: tuple[int, ...] = ()):
@@ -58,8 +83,9 @@ def _rebuild(meta: Any, values: dict[tuple[int, ...], BufferValue], path=()) -> 
 
 def extern(ctx: LowerCtx, op: Any, args: tuple, kwargs: dict, kind: ExternKind) -> Any:
     """Call `op` from the wrapper; returns buffer values shaped like the op's result."""
-    cargs = tuple(_arg(ctx, a) for a in args)
-    ckwargs = tuple((k, _arg(ctx, v)) for k, v in kwargs.items())
+    sources = list(ctx.node.args) + [None] * len(args)
+    cargs = tuple(_arg(ctx, a, s) for a, s in zip(args, sources))
+    ckwargs = tuple((k, _arg(ctx, v, ctx.node.kwargs.get(k))) for k, v in kwargs.items())
     leaves = list(_tensor_leaves(ctx.meta))
     names = tuple(ctx.builder.new_name() for _ in leaves)
     layouts, dtypes, values = [], [], {}

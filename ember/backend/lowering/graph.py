@@ -20,7 +20,9 @@ from ember.backend.ir import nodes as ir
 from ember.backend.ir.nodes import DType, Size
 from ember.backend.lowering import (  # noqa: F401  (registers lowerings)
     fallback,
+    norms,
     pointwise,
+    pooling,
     reductions,
     views,
 )
@@ -94,11 +96,13 @@ def _maybe_realize(builder: GraphBuilder, node: torch.fx.Node, value: Any) -> An
     if isinstance(value, LazyValue):
         size, reads, costly = expr_size(value)
         many_users = len(node.users) > 1
-        if size > 4 * MAX_INLINE or (many_users and (size > MAX_INLINE or reads >= MAX_READS)):
-            return builder.realize(value)
-        if costly and _broadcast(node, hint_prod(value.size)):
-            return builder.realize(value)
-        if _read_from_memory(node):
+        if (
+            size > 4 * MAX_INLINE
+            or (many_users and (size > MAX_INLINE or reads >= MAX_READS))
+            or (costly and _broadcast(node, hint_prod(value.size)))
+            or _read_from_memory(node)
+        ):
+            # in eager's layout: a channels-last activation stays channels-last
             return builder.realize(value, _eager_stride(node.meta.get("val")))
     return value
 

@@ -431,6 +431,24 @@ def _leaky_relu(ctx: LowerCtx, x, slope=0.01) -> LazyValue:
     return pointwise(ctx, fn, [x])
 
 
+@register(aten.threshold_backward.default)
+def _threshold_backward(ctx: LowerCtx, grad, x, threshold) -> LazyValue:
+    """ReLU's backward: the gradient where the input is above the threshold, else 0."""
+
+    def fn(g, a):
+        return where(bin_(B.LE, a, const(threshold, a.dtype)), const(0, g.dtype), g)
+
+    return pointwise(ctx, fn, [grad, x])
+
+
+@register(aten.threshold.default)
+def _threshold(ctx: LowerCtx, x, threshold, value) -> LazyValue:
+    def fn(a):
+        return where(bin_(B.LE, a, const(threshold, a.dtype)), const(value, a.dtype), a)
+
+    return pointwise(ctx, fn, [x])
+
+
 # ------------------------------------------------------------------ copies and constants
 
 

@@ -1,0 +1,259 @@
+"""Convolution nets against eager: batch norm and pooling lowered, in eval and training.
+
+Each test compiles through `torch.compile(backend=ember.backend)` and compares values,
+gradients and the BatchNorm buffers (running statistics, batch counter) after training steps
+with eager's, and asserts the normalization and pooling ops are no longer aten fallbacks.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ember.backend.compile import record, stats
+from tests.backend.helpers import compile_ember, extern_ops
+
+TOL = {
+    torch.float32: dict(atol=2e-5, rtol=1e-4),
+    torch.float64: dict(atol=1e-10, rtol=1e-9),
+    torch.bfloat16: dict(atol=5e-2, rtol=5e-2),
+}
+
+
+class Block(nn.Module):
+    """conv-BN-ReLU, conv-BN plus the shortcut, ReLU (a ResNet basic block)."""
+
+    def __init__(self, c: int = 8, affine: bool = True, stats: bool = True) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c, affine=affine, track_running_stats=stats)
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c, affine=affine, track_running_stats=stats)
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(y)) + x)
+
+
+# gathers slower than eager's scatter kernels (ember/backend/lowering/pooling.py)
+NOT_LOWERED = ("max_pool2d_with_indices_backward", "avg_pool2d_backward", "group_norm_backward")
+
+
+def _fallbacks(arts) -> list[str]:
+    """Normalization and pooling ops the wrappers still call as aten ops."""
+    names = ("batch_norm", "group_norm", "pool")
+    ops = [op for art in arts for op in extern_ops(art) if any(n in op for n in names)]
+    return [op for op in ops if not any(n in op for n in NOT_LOWERED)]
+
+
+def _close(got, want, dtype):
+    """Within the dtype's tolerance, absolute errors relative to the tensor's scale."""
+    tol = dict(TOL[dtype])
+    if isinstance(want, torch.Tensor) and want.numel():
+        tol["atol"] *= max(1.0, want.detach().abs().max().item())
+    torch.testing.assert_close(got, want, **tol)
+
+
+def _train_steps(model, x, steps: int = 2, dtype=torch.float32, lowered: bool = True):
+    """Run `steps` SGD steps on eager and compiled copies; compare losses, gradients,
+    parameters and buffers after each; return the compiled artifacts."""
+    twin = copy.deepcopy(model)
+    compiled = compile_ember(twin)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, twin)]
+    before = stats["graph_fallbacks"]
+    with record() as arts:
+        for _ in range(steps):
+            losses = []
+            for m, run, opt in ((model, model, opts[0]), (twin, compiled, opts[1])):
+                out = run(x)
+                loss = out.float().square().mean()
+                loss.backward()
+                losses.append(out)
+                grads = [p.grad for p in m.parameters()]
+                opt.step()
+                opt.zero_grad()
+                m._grads = grads
+            _close(losses[1], losses[0], dtype)
+            for a, b in zip(model._grads, twin._grads):
+                _close(b, a, dtype)
+                assert b.stride() == a.stride()
+            for (name, a), b in zip(model.state_dict().items(), twin.state_dict().values()):
+                assert a.dtype == b.dtype, name
+                _close(b, a, dtype)
+    assert stats["graph_fallbacks"] == before
+    assert not lowered or not _fallbacks(arts), _fallbacks(arts)
+    return arts
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=str)
+def test_batch_norm_block_training_steps(dtype):
+    torch.manual_seed(0)
+    model = Block().to(dtype)
+    _train_steps(model, torch.randn(4, 8, 10, 10, dtype=dtype), dtype=dtype)
+
+
+def test_batch_norm_channels_last_batch_one():
+    """Channels-last activations (eager's convolutions return them) and gradients, batch 1."""
+    torch.manual_seed(0)
+    model = Block().to(memory_format=torch.channels_last)
+    x = torch.randn(1, 8, 6, 7).contiguous(memory_format=torch.channels_last)
+    # training statistics of channels-last tensors are aten's (ember/backend/lowering/norms.py)
+    _train_steps(model, x, lowered=False)
+    model.eval()
+    with torch.no_grad():
+        _eval_matches(model, x)
+
+
+class Variants(nn.Module):
+    """BatchNorm2d without affine parameters and without running statistics, BatchNorm1d
+    on features (N, C) and on sequences (N, C, L), GroupNorm, InstanceNorm2d (a batch norm
+    of the input viewed as one sample of N * C channels). Layers before a batch norm have
+    no bias: its exact gradient is 0, and both sides would compare rounding noise."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.plain = Block(affine=False)
+        self.batch_stats = nn.BatchNorm2d(8, track_running_stats=False)
+        self.mlp = nn.Sequential(nn.Linear(8, 12, bias=False), nn.BatchNorm1d(12), nn.ReLU())
+        self.seq = nn.Sequential(nn.Conv1d(8, 6, 3, bias=False), nn.BatchNorm1d(6), nn.ReLU())
+        self.group = nn.GroupNorm(4, 8)
+        self.instance = nn.InstanceNorm2d(8, affine=True)
+
+    def forward(self, x):
+        y = self.batch_stats(self.plain(x))
+        y = F.relu(self.instance(self.group(y)))
+        flat = self.mlp(y.mean((2, 3)))
+        return flat.mean() + self.seq(y.flatten(2)).mean()
+
+
+def test_batch_norm_variants():
+    torch.manual_seed(0)
+    _train_steps(Variants(), torch.randn(3, 8, 5, 5))
+
+
+def _eval_matches(model, x):
+    want = model(x)
+    compiled = compile_ember(model)
+    before = stats["graph_fallbacks"]
+    with record() as arts:
+        got = compiled(x)
+    _close(got, want, x.dtype)
+    pairs = list(zip(got, want)) if isinstance(want, tuple) else [(got, want)]
+    assert [g.stride() for g, _ in pairs] == [w.stride() for _, w in pairs]
+    assert stats["graph_fallbacks"] == before
+    assert not _fallbacks(arts), _fallbacks(arts)
+    return arts
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+def test_batch_norm_eval_is_an_epilogue(dtype):
+    """Eval batch norm with running statistics fuses with its ReLU and the residual add:
+    after each convolution there is one kernel (plus the tiny per-channel scale/shift)."""
+    torch.manual_seed(0)
+    model = Block().to(dtype)
+    for bn in (model.bn1, model.bn2):  # non-trivial running statistics
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+    model.eval()
+    with torch.no_grad():
+        (art,) = _eval_matches(model, torch.randn(2, 8, 9, 9, dtype=dtype))
+    assert "relu" not in art.wrapper and art.cpp.count("__builtin_sqrt") >= 2
+
+
+def test_batch_norm_eval_mode_gradients():
+    """Frozen batch norm (eval mode) in a training step: its eval backward path."""
+    torch.manual_seed(0)
+    model = Block()
+    model.bn1.running_var.uniform_(0.5, 2)
+    model.eval()
+    _train_steps(model, torch.randn(2, 8, 6, 6))
+
+
+POOLS = {
+    "max": [
+        lambda x: F.max_pool2d(x, 3, 2, 1),
+        lambda x: F.max_pool2d(x, 2),
+        lambda x: F.max_pool2d(x, 3, 2, ceil_mode=True),
+    ],
+    "avg": [
+        lambda x: F.avg_pool2d(x, 3, 2, 1),
+        lambda x: F.avg_pool2d(x, 3, 2, 1, count_include_pad=False),
+        lambda x: F.avg_pool2d(x, 2, ceil_mode=True),
+        lambda x: F.avg_pool2d(x, 3, 1, 1, divisor_override=5),
+        lambda x: F.adaptive_avg_pool2d(x, 1),
+    ],
+}
+
+
+@pytest.mark.parametrize("kind", list(POOLS))
+def test_pooling_values_and_gradients(kind):
+    """Forward and input gradient of padded, unpadded and ceil-mode pooling after a ReLU
+    (fused into the pooling), with ties (the ReLU's zeros) and NaN in the input; the
+    backward reads the indices the lowered max pool saved."""
+
+    def fn(t):
+        return [pool(torch.relu(t)) for pool in POOLS[kind]]
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 9, 11)
+    x[0, 0, 2, 3] = float("nan")
+    x[1, 2, 4:6, 4:6] = 0.0
+    x = x.requires_grad_(True)
+    twin = x.detach().clone().requires_grad_(True)
+    want = fn(x)
+    grads = [torch.randn_like(w) for w in want]
+    before = stats["graph_fallbacks"]
+    with record() as arts:
+        got = compile_ember(fn)(twin)
+        sum((g * w).sum() for g, w in zip(grads, got)).backward()
+    sum((g * w).sum() for g, w in zip(grads, want)).backward()
+    torch.testing.assert_close(got, want, equal_nan=True)
+    torch.testing.assert_close(twin.grad, x.grad, equal_nan=True)
+    assert stats["graph_fallbacks"] == before
+    assert not _fallbacks(arts), _fallbacks(arts)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=str)
+def test_pooling_dtypes_and_channels_last(dtype):
+    torch.manual_seed(0)
+    x = torch.randn(1, 4, 8, 8, dtype=dtype).contiguous(memory_format=torch.channels_last)
+
+    def fn(t):
+        pooled = F.max_pool2d(t, 3, 2, 1) + F.avg_pool2d(t, 2) + F.adaptive_avg_pool2d(t, 1)
+        return pooled, F.max_pool2d(t, 2, 1, dilation=2)
+
+    with torch.no_grad():
+        _eval_matches(fn, x)
+
+
+class SmallResNet(nn.Module):
+    """stem conv-BN-ReLU, max pool, two blocks (the second strided, with a 1x1 conv-BN
+    shortcut), global average pool, linear head."""
+
+    def __init__(self, c: int = 8) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, c, 3, padding=1), nn.BatchNorm2d(c), nn.ReLU())
+        self.block = Block(c)
+        self.conv = nn.Conv2d(c, 2 * c, 3, 2, 1, bias=False)
+        self.bn = nn.BatchNorm2d(2 * c)
+        self.down = nn.Sequential(nn.Conv2d(c, 2 * c, 1, 2, bias=False), nn.BatchNorm2d(2 * c))
+        self.head = nn.Linear(2 * c, 5)
+
+    def forward(self, x):
+        x = self.block(F.max_pool2d(self.stem(x), 3, 2, 1))
+        x = F.relu(self.bn(self.conv(x)) + self.down(x))
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+def test_small_resnet_training_then_eval():
+    torch.manual_seed(0)
+    model = SmallResNet()
+    x = torch.randn(2, 3, 16, 16)
+    _train_steps(model, x)
+    model.eval()
+    with torch.no_grad():
+        _eval_matches(model, x)
