@@ -89,8 +89,7 @@ class TransformedValue(Value):
         return [self.fn]
 
     def reconstruct(self, em: Emitter) -> None:
-        em.cg.push_null()
-        em.cg.load_const(self.transform)
+        em.cg.load_const(self.transform, push_null=True)  # NULL before or after, per version
         em.reconstruct(self.fn)
         for value in self.options.values():
             em.cg.load_const(value)
