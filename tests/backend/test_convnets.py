@@ -58,19 +58,38 @@ def _close(got, want, dtype):
     torch.testing.assert_close(got, want, **tol)
 
 
+def _no_worse_than_eager(got, want, exact, dtype):
+    """Within the dtype's tolerance of eager; or, where float32 rounding over a long
+    reduction leaves eager itself that far from the float64 result (the summation order
+    differs with the vector width: SSE2 sums 4 lanes, AVX2 8), at most twice eager's own
+    error from it."""
+    try:
+        _close(got, want, dtype)
+        return
+    except AssertionError:
+        if exact is None:
+            raise
+    eager_error = (want.double() - exact).abs().max().item()
+    error = (got.double() - exact).abs().max().item()
+    assert error <= 2 * eager_error + TOL[dtype]["atol"], (error, eager_error)
+
+
 def _train_steps(model, x, steps: int = 2, dtype=torch.float32, lowered: bool = True):
-    """Run `steps` SGD steps on eager and compiled copies; compare losses, gradients,
-    parameters and buffers after each; return the compiled artifacts."""
+    """Run `steps` SGD steps on eager and compiled copies (and, in float32, a float64 copy as
+    the exact reference); compare losses, gradients, parameters and buffers after each;
+    return the compiled artifacts."""
     twin = copy.deepcopy(model)
+    exact = copy.deepcopy(model).double() if dtype == torch.float32 else None
     compiled = compile_ember(twin)
-    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, twin)]
+    runs = [(model, model), (twin, compiled)] + ([(exact, exact)] if exact is not None else [])
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m, _ in runs]
     before = stats["graph_fallbacks"]
     with record() as arts:
         for _ in range(steps):
             losses = []
-            for m, run, opt in ((model, model, opts[0]), (twin, compiled, opts[1])):
-                out = run(x)
-                loss = out.float().square().mean()
+            for (m, run), opt in zip(runs, opts, strict=True):
+                out = run(x.double() if m is exact else x)
+                loss = out.float().square().mean() if m is not exact else out.square().mean()
                 loss.backward()
                 losses.append(out)
                 grads = [p.grad for p in m.parameters()]
@@ -78,12 +97,14 @@ def _train_steps(model, x, steps: int = 2, dtype=torch.float32, lowered: bool = 
                 opt.zero_grad()
                 m._grads = grads
             _close(losses[1], losses[0], dtype)
-            for a, b in zip(model._grads, twin._grads):
-                _close(b, a, dtype)
+            references = exact._grads if exact is not None else [None] * len(model._grads)
+            for a, b, r in zip(model._grads, twin._grads, references, strict=True):
+                _no_worse_than_eager(b, a, r, dtype)
                 assert b.stride() == a.stride()
-            for (name, a), b in zip(model.state_dict().items(), twin.state_dict().values()):
+            states = [m.state_dict().values() for m in (twin, exact or twin)]
+            for (name, a), b, r in zip(model.state_dict().items(), *states, strict=True):
                 assert a.dtype == b.dtype, name
-                _close(b, a, dtype)
+                _no_worse_than_eager(b, a, r if exact is not None else None, dtype)
     assert stats["graph_fallbacks"] == before
     assert not lowered or not _fallbacks(arts), _fallbacks(arts)
     return arts
