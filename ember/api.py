@@ -95,12 +95,9 @@ def _run_cached(
         capture_stats.record_recompile()
         failure = cache.entries[-1].guard.first_failure(*args, **kwargs)
         cache.misses.append(failure)
+        changed = _automatic_dynamic(opts, cache, args, kwargs)  # marks dims for the capture
         logs.log(
-            "recompiles",
-            "recompiling %s: guard failed: %s%s",
-            fn.__qualname__,
-            failure,
-            _automatic_dynamic(opts, cache, args, kwargs),
+            "recompiles", "recompiling %s: guard failed: %s%s", fn.__qualname__, failure, changed
         )
         if len(cache.entries) >= limit:
             failing = f"Guards that kept failing: {sorted(set(cache.misses))}"
