@@ -68,14 +68,12 @@ def _hashable(value: Any) -> Any:
 def _tensor_conditions(g: Guard, scope: GuardScope) -> list[str]:
     """The tensor's type, dtype, device, layout and requires_grad; with size symbols (a
     SYMBOLIC_TENSOR guard) the layout is its static sizes and strides as expressions."""
-    if g.kind is GuardKind.SYMBOLIC_TENSOR:
-        t, example, symbols = g.expected
-    else:
-        t = g.expected
     e = g.source.expr(scope)
     if g.kind is GuardKind.SYMBOLIC_TENSOR:
+        t, example, symbols = g.expected
         layout = symbolic_tensor_conditions(e, example, t, scope, dict(symbols))
     else:
+        t = g.expected
         layout = [f"{e}.shape == {tuple(t.shape)!r}", f"{e}.stride() == {tuple(t.stride())!r}"]
     return [
         f"type({e}) is {scope.const(type(t), 'T')}",
