@@ -93,7 +93,8 @@ static inline float ember_expf_shifted(float x) {
 
 static inline float ember_expf_flush(float x) {
   /* exp(x) for x <= 0 or NaN where results under float's normal range do not matter (tanh's
-     exp(-2|x|): tanh is +-1 there): they are 0, one multiply fewer */
+     exp(-2|x|): tanh is +-1 there; log-softmax's sum, which holds a 1): they are 0, one
+     multiply fewer */
   const float lo = -87.3365447505531f;
   float xc = x < lo ? lo : x; /* NaN stays NaN */
   int32_t k;
