@@ -19,6 +19,7 @@ def call_value(tx, fn: Value, args: list[Value], kwargs: dict[str, Value]) -> Va
     """Call a symbolic callable; zero-argument super() needs the frame, so it is done here."""
     if fn.is_constant() and fn.as_constant() is super and not args:
         return _zero_arg_super(tx)
+    tx.calling = fn  # a break inside the callee's frame may resume in it (capture/nested.py)
     return fn.call(tx, args, kwargs)
 
 
