@@ -36,6 +36,7 @@ from ember.capture.values.exceptions import (
     ExceptionValue,
     TracedRaise,
     from_missing_attribute,
+    leaving_generator,
     python_error,
 )
 from ember.capture.values.functions import RealCell
@@ -397,6 +398,10 @@ class Translator:
         message is ember's wording of a builtin's is raised by CPython instead: the capture
         runs again and breaks at the instruction that raised it."""
         exc = raised.value
+        if self.yielded is not None:  # a generator's frame (PEP 479)
+            converted = leaving_generator(exc)
+            if converted is not exc:
+                raise TracedRaise(converted) from raised
         if self.parent is not None:
             raise raised
         message = exc.args[0].as_constant() if exc.args and exc.args[0].is_constant() else ""

@@ -265,6 +265,20 @@ def from_missing_attribute(tx: Translator, missing: MissingAttribute) -> Excepti
     return exc
 
 
+def leaving_generator(exc: ExceptionValue) -> ExceptionValue:
+    """PEP 479: a StopIteration that reaches the end of a generator's frame leaves it as
+    RuntimeError("generator raised StopIteration") caused by it (3.11's interpreter does this
+    as the exception leaves the frame; 3.12+ compile it as the frame's outermost handler,
+    CALL_INTRINSIC_1 INTRINSIC_STOPITERATION_ERROR). Other exceptions pass unchanged."""
+    if not issubclass(exc.cls, StopIteration):
+        return exc
+    error = ExceptionValue(RuntimeError, [ConstantValue("generator raised StopIteration")])
+    error.cause = error.context = exc
+    error.suppress_context = True
+    error.synthesized_at = exc.synthesized_at
+    return error
+
+
 def raised_type(value: Value) -> type | None:
     """The class of an exception being raised, or None when `value` is not one."""
     if isinstance(value, ExceptionValue):
