@@ -602,6 +602,8 @@ def build_break_replacement(
         if results[i].kind is Slot.VALUE:
             cg.store_fast(frame.stack(base + i))
     rest = [*slots[:base], *results]
+    if inst.op is Op.CHECK_EG_MATCH and handled:
+        _handle_match(cg, slots, base, frame)
     _stop_handling(cg, handled)
     _set_grad_mode(cg, entry_mode)
     resume = site.make_resume(inst.index + 1, rest, local_names, site.grad_mode)
@@ -631,6 +633,18 @@ def _handle_again(cg: CodeBuilder, slots: list[StackSlot], below: int, frame: Fr
     cg.catch_raised(0)
     cg.pop_top()
     return True
+
+
+def _handle_match(cg: CodeBuilder, slots: list[StackSlot], base: int, frame: FrameVars) -> None:
+    """CHECK_EG_MATCH makes the part of the group it matched the exception being handled
+    (`sys.exc_info()` in the `except*` clause): the resume function handles that one."""
+    handling = max(i for i, slot in enumerate(slots[:base]) if slot.kind is Slot.HANDLING)
+    no_match = cg.label()
+    cg.load_fast(frame.stack(base + 1))
+    cg.pop_jump_if("NONE", no_match)
+    cg.load_fast(frame.stack(base + 1))
+    cg.store_fast(frame.stack(handling))
+    cg.place(no_match)
 
 
 def _stop_handling(cg: CodeBuilder, handled: bool) -> None:
@@ -688,11 +702,15 @@ _REPLAYABLE = frozenset(
         Op.STORE_SUBSCR,
         Op.DELETE_SUBSCR,
         Op.BEFORE_WITH,
+        Op.CHECK_EG_MATCH,
+        Op.PREP_RERAISE_STAR,
+        Op.CALL_INTRINSIC_2,
     }
 )
 """Instructions other than calls that break code can run in CPython as they are
 (`x[mask]`, `t.grad`, `del obj.attr` break here; BEFORE_WITH where the `__exit__` of a
-context manager could not be rebuilt later in the block)."""
+context manager could not be rebuilt later in the block; an `except*` clause's matching and
+re-raising of exception groups)."""
 
 
 class _Probe(Emitter):
