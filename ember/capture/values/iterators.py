@@ -235,6 +235,9 @@ class GeneratorIterator(LazyIterator):
             self.returned = self.frame.run()
         except GeneratorSuspended:
             return self.frame.yielded.pop()
+        except Exception:  # raised out of its frame: a finished generator, as in Python
+            self.exhausted = True
+            raise
         return None
 
 
