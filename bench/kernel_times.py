@@ -50,10 +50,10 @@ def _timed(key: str, fn: Any) -> Any:
 def _instrumented(instantiate: Any) -> Any:
     graphs = iter(range(1 << 30))
 
-    def instantiate_timed(source: str, kernels: dict, constants: dict) -> Any:
+    def instantiate_timed(source: str, kernels: dict, constants: dict, device=None) -> Any:
         g = next(graphs)
         timed = {name: _timed(f"g{g}:{name}", fn) for name, fn in kernels.items()}
-        call = instantiate(source, timed, constants)
+        call = instantiate(source, timed, constants, device)
         scope = call.__globals__  # the extern ops are globals of the generated source
         for name in [n for n in scope if n.startswith("_op")]:
             key = f"g{g}:{name[1:]}"
