@@ -76,19 +76,20 @@ def main() -> None:
     wrapper.instantiate = _instrumented(wrapper.instantiate)
     torch.manual_seed(0)
     if a.workload in CONVNETS:
-        model, (x, *_) = workload(a.workload)[:2]
+        model, inputs, returns_loss = workload(a.workload)
     else:
         factory, shape = WORKLOADS[a.workload]
-        model, x = factory(), torch.randn(shape)
+        model, inputs, returns_loss = factory(), (torch.randn(shape),), False
     model.train(not a.infer)
     compiled = torch.compile(model, backend=ember.backend.compile_graph, dynamic=False)
 
     def step() -> None:
         if a.infer:
             with torch.no_grad():
-                compiled(x)
+                compiled(*inputs)
         else:
-            compiled(x).square().mean().backward()
+            out = compiled(*inputs)
+            (out if returns_loss else out.square().mean()).backward()
 
     for _ in range(3):
         step()

@@ -37,7 +37,7 @@ import torch
 
 from ember import config, logs
 from ember.aot.convolution import eager_memory_format
-from ember.backend.ir.nodes import ExternKind
+from ember.backend.ir.nodes import ExternKind, contiguous_strides
 from ember.backend.lowering.fallback import extern
 from ember.backend.lowering.registry import LowerCtx, register
 from ember.backend.lowering.values import BufferValue, LazyValue, Value
@@ -46,7 +46,7 @@ aten = torch.ops.aten
 
 MARGIN = 0.97  # channels-last must take at most this share of the other layout's time
 ROUNDS = 5  # timed calls of each layout, alternated; the best of each counts
-BUDGET_S = 0.02  # a call slower than this is timed fewer times (at least twice)
+BUDGET_S = 0.025  # timing per shape beyond the first calls: fewer rounds (at least 2) if over
 
 _POOLS = (aten.max_pool2d_with_indices.default, aten.avg_pool2d.default)
 # batch norms and the position of their `training` argument (None: always eval)
@@ -129,7 +129,7 @@ def _restrided(val: Any) -> Any:
         return None
     if same_strides(size, val.stride(), channels_last_strides(size)):
         return None
-    if not same_strides(size, val.stride(), _contiguous(size)):
+    if not same_strides(size, val.stride(), contiguous_strides(size)):
         return None
     return torch.empty_strided(size, channels_last_strides(size), dtype=val.dtype, device="meta")
 
@@ -137,11 +137,6 @@ def _restrided(val: Any) -> Any:
 def channels_last_strides(size: tuple[int, ...]) -> tuple[int, ...]:
     _, c, h, w = (max(s, 1) for s in size)
     return (h * w * c, 1, w * c, c)
-
-
-def _contiguous(size: tuple[int, ...]) -> tuple[int, ...]:
-    _, c, h, w = (max(s, 1) for s in size)
-    return (c * h * w, h * w, w, 1)
 
 
 def same_strides(size, a, b) -> bool:
@@ -204,7 +199,7 @@ def _times(x_shape, w_shape, b_shape, params, dtype, threads) -> tuple[float, fl
             start = time.perf_counter()
             aten.convolution.default(t, w, b, *params)
             spent[k] = time.perf_counter() - start
-        rounds = max(2, min(ROUNDS, int(BUDGET_S / max(spent.values()))))
+        rounds = max(2, min(ROUNDS, int(BUDGET_S / sum(spent.values()))))
         for _ in range(rounds):
             for k, t in inputs.items():
                 start = time.perf_counter()
@@ -235,9 +230,9 @@ def _strides_for(x: Value, out: Any) -> tuple[int, ...] | None:
         return None
     size, x_size = tuple(out.shape), tuple(x.size)
     cl = same_strides(size, out.stride(), channels_last_strides(size))
-    if cl == same_strides(size, out.stride(), _contiguous(size)):
+    if cl == same_strides(size, out.stride(), contiguous_strides(size)):
         return None
-    want, other = channels_last_strides, _contiguous
+    want, other = channels_last_strides, contiguous_strides
     if not cl:
         want, other = other, want
     if isinstance(x, LazyValue) or same_strides(x_size, x.layout.stride, other(x_size)):
