@@ -6,8 +6,9 @@ pointwise op follows it. A padded pooling first writes its input into a buffer p
 -inf (max) or 0 (avg), with the pointwise ops before it (a batch norm's multiply-add and
 ReLU) computed there once per element; except a channels-last max pooling, whose taps read
 the input at positions clamped into it (no condition per tap, the pointwise ops before it
-computed per tap in the same kernel, as Inductor's kernel does). Global average pooling (`adaptive_avg_pool2d` to
-1x1) is a mean over the spatial dims (a reduction), its backward a broadcast.
+computed per tap in the same kernel, as Inductor's kernel does). Global average pooling
+(`adaptive_avg_pool2d` to 1x1) is a mean over the spatial dims (a reduction), its backward
+a broadcast.
 
 Not lowered: `max_pool2d_with_indices_backward` and `avg_pool2d_backward`. Written as a
 gather (each input element sums the output positions whose window holds it, with masked
