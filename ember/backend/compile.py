@@ -12,6 +12,7 @@ so nothing that was meant to compile can pass a test by running as aten ops.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -34,6 +35,9 @@ from ember.backend.scheduler.fusion import Schedule, schedule
 from ember.errors import BackendCompilerFailed
 
 stats: Counter[str] = Counter()
+stage_seconds: Counter[str] = Counter()
+"""Wall seconds spent in each pipeline stage, summed over graphs (compile-time benchmarks
+read it: bench/dynamic_compile.py)."""
 fallbacks: list[str] = []  # why each graph that ran as aten ops did (stage: error), in order
 _recorders: list[list[Artifact]] = []
 
@@ -48,12 +52,15 @@ class StageFailed(Exception):
 
 @contextlib.contextmanager
 def _stage(name: str) -> Iterator[None]:
+    start = time.perf_counter()
     try:
         yield
     except StageFailed:
         raise
     except Exception as e:
         raise StageFailed(name, e) from e
+    finally:
+        stage_seconds[name] += time.perf_counter() - start
 
 
 @contextlib.contextmanager
