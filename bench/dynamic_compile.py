@@ -4,17 +4,21 @@ Per workload (bench/dynamic.py's rows at their bench size: softmax, layer norm, 
 transformer block, GPT-2 tiny), each round has Dynamo capture the function twice, static
 (`dynamic=False`) and with the row's dims marked dynamic, and ember's backend compile each
 graph as a first compile: a new cache directory, sympy's cache cleared, the process's GEMM
-choices forgotten. Dynamo's capture is not timed. Rounds alternate static and dynamic; a
-first round only warms the process up.
+choices forgotten. Dynamo's capture is not timed. Rounds alternate which variant goes first;
+a first round only warms the process up.
 
 Stages: aot (ember/aot: the trace, functionalization, the runtime: the backend call less
-the stages below), lowering (to the loop IR, less GEMM timing), gemm choice (timing oneDNN
-against torch.mm: in the static compile's lowering; for a dynamic batch at the first call of
-a size bucket, counted here too), scheduling, codegen (C++ and wrapper source), g++ (and
-loading the library and wrapper). Printed: median seconds per stage, static / dynamic, and
-the ratio of the medians; the load average and the CPU share others took.
+the stages below), cache key, lowering (to the loop IR, less GEMM timing), gemm choice
+(timing oneDNN against torch.mm: in the static compile's lowering; for a dynamic batch at
+the first call of its size bucket, counted here too), scheduling, codegen (C++ and wrapper
+source), g++ (and loading the library and the wrapper).
 
-    .venv/bin/python bench/dynamic_compile.py [--only softmax,MLP] [--repeats 5]
+Printed per stage: median CPU seconds (this process and its g++ processes: steadier than
+wall time on a shared machine) static / dynamic, and the median over rounds of each round's
+ratio; then the same for the total in CPU and in wall seconds; the load average and the
+share of the CPUs others took.
+
+    .venv/bin/python bench/dynamic_compile.py [--only softmax,MLP] [--repeats 7]
     .venv/bin/python bench/dynamic_compile.py --profile "transformer block" [--static]
 """
 
@@ -24,7 +28,6 @@ import argparse
 import cProfile
 import os
 import pstats
-import resource
 import statistics
 import sys
 import tempfile
@@ -42,6 +45,7 @@ from timing import _cpu_jiffies  # noqa: E402
 import ember.backend  # noqa: E402
 from ember import config  # noqa: E402
 from ember.backend import compile as backend_compile  # noqa: E402
+from ember.backend.compile import cpu_seconds  # noqa: E402
 from ember.backend.lowering import gemm  # noqa: E402
 
 ROWS = ("softmax", "layer norm", "MLP", "transformer block", "GPT-2 tiny")
@@ -56,21 +60,25 @@ STAGES = {  # compile.py's stage names -> the columns printed
 COLUMNS = ("aot", "cache key", "lowering", "gemm choice", "scheduling", "codegen", "g++")
 
 
+def _clock() -> Counter[str]:
+    return Counter(wall=time.perf_counter(), cpu=cpu_seconds())
+
+
 class GemmTimer:
     """Wraps gemm._onednn_faster (the timed choice between oneDNN and torch.mm) to count the
     seconds spent deciding; `forget` drops the process's decisions."""
 
     def __init__(self) -> None:
         self.decide = gemm._onednn_faster
-        self.seconds = 0.0
+        self.spent: Counter[str] = Counter()
         gemm._onednn_faster = self
 
     def __call__(self, *args):
-        start = time.perf_counter()
+        start = _clock()
         try:
             return self.decide(*args)
         finally:
-            self.seconds += time.perf_counter() - start
+            self.spent.update(_clock() - start)
 
     def forget(self) -> None:
         self.decide.cache_clear()
@@ -78,17 +86,17 @@ class GemmTimer:
 
 
 class StagedBackend:
-    """ember's backend, splitting each call's seconds into COLUMNS."""
+    """ember's backend, splitting each call's wall and CPU seconds into COLUMNS."""
 
     def __init__(self, choices: GemmTimer, profiler: cProfile.Profile | None = None) -> None:
         self.choices = choices
         self.profiler = profiler
-        self.seconds: Counter[str] = Counter()
+        self.seconds = {"wall": Counter(), "cpu": Counter()}
 
     def __call__(self, gm, example_inputs):
-        stages0 = Counter(backend_compile.stage_seconds)
-        choice0 = self.choices.seconds
-        start = time.perf_counter()
+        before = {"wall": Counter(backend_compile.stage_seconds)}
+        before["cpu"] = Counter(backend_compile.stage_cpu_seconds)
+        choice0, start = Counter(self.choices.spent), _clock()
         if self.profiler is not None:
             self.profiler.enable()
         try:
@@ -96,23 +104,24 @@ class StagedBackend:
         finally:
             if self.profiler is not None:
                 self.profiler.disable()
-        total = time.perf_counter() - start
-        staged = Counter(backend_compile.stage_seconds)
-        staged.subtract(stages0)
-        choice = self.choices.seconds - choice0
-        for stage, s in staged.items():
-            self.seconds[STAGES.get(stage, stage)] += s
-        self.seconds["lowering"] -= choice
-        self.seconds["gemm choice"] += choice
-        self.seconds["aot"] += total - sum(staged.values())
+        total = _clock() - start
+        after = {"wall": backend_compile.stage_seconds, "cpu": backend_compile.stage_cpu_seconds}
+        for clock, seconds in self.seconds.items():
+            staged = Counter(after[clock])
+            staged.subtract(before[clock])
+            for stage, s in staged.items():
+                seconds[STAGES.get(stage, stage)] += s
+            choice = self.choices.spent[clock] - choice0[clock]
+            seconds["lowering"] -= choice
+            seconds["aot"] += total[clock] - sum(staged.values())
         return fn
 
 
 def compile_once(
     fn, args, dims, dynamic: bool, choices: GemmTimer, profiler: cProfile.Profile | None = None
-) -> Counter[str]:
-    """Seconds per stage of one first compile (and first call) of `fn`; `profiler` profiles
-    the backend's calls."""
+) -> dict[str, Counter[str]]:
+    """Wall and CPU seconds per stage of one first compile (and first call) of `fn`;
+    `profiler` profiles the backend's calls."""
     torch._dynamo.reset()
     sympy.core.cache.clear_cache()
     choices.forget()
@@ -121,54 +130,44 @@ def compile_once(
     first = _marked(args, dims) if dynamic else args
     with tempfile.TemporaryDirectory(prefix="ember-bench-compile-") as cache:
         with config.patch(cache_dir=cache), torch.no_grad():
-            before = choices.seconds
+            before = Counter(choices.spent)
             compiled(*first)
-    seconds = backend.seconds
-    seconds["gemm choice"] = choices.seconds - before  # at compile and at the first call
-    return seconds
+    for clock, seconds in backend.seconds.items():
+        # at compile (static) and at the first call (a dynamic batch's bucket)
+        seconds["gemm choice"] = choices.spent[clock] - before[clock]
+        seconds["total"] = sum(seconds[c] for c in COLUMNS)
+    return backend.seconds
 
 
-def _own_cpu_s() -> float:
-    """CPU seconds of this process and its g++ children."""
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+def _cell(static: list[float], dynamic: list[float]) -> str:
+    """Medians static / dynamic, and the median of the rounds' ratios (static and dynamic
+    of a round compiled back to back, under about the same load)."""
+    ratios = [d / s for s, d in zip(static, dynamic) if s > 1e-3]
+    ratio = f"{statistics.median(ratios):.2f}x" if ratios else "-"
+    return f"{statistics.median(static):.3f} / {statistics.median(dynamic):.3f} ({ratio})"
 
 
-def measure(name: str, repeats: int, choices: GemmTimer) -> dict:
+def measure(name: str, repeats: int, choices: GemmTimer) -> str:
+    """One table row: the workload's compiles, `repeats` rounds after a warm-up round."""
     factory, size, _ = workloads()[name]
     fn, make, dims = factory()
     args = make(size)
-    runs: dict[bool, list[Counter[str]]] = {False: [], True: []}
+    runs: dict[bool, list[dict[str, Counter[str]]]] = {False: [], True: []}
     busy0, total0 = _cpu_jiffies()
-    own0 = _own_cpu_s()
+    own0 = cpu_seconds()
     for i in range(repeats + 1):
         for dynamic in (False, True) if i % 2 else (True, False):
             seconds = compile_once(fn, args, dims, dynamic, choices)
-            if i:  # round 0 warms up
+            if i:
                 runs[dynamic].append(seconds)
     busy1, total1 = _cpu_jiffies()
     hz = os.sysconf("SC_CLK_TCK")
-    others = max(0.0, (busy1 - busy0) / hz - (_own_cpu_s() - own0)) / ((total1 - total0) / hz)
-    for r in (*runs[False], *runs[True]):
-        r["total"] = sum(r[c] for c in COLUMNS)
-    out = {}
-    for c in (*COLUMNS, "total"):
-        static = [r[c] for r in runs[False]]
-        dynamic = [r[c] for r in runs[True]]
-        # the ratio within each round (static and dynamic compiled back to back, under
-        # about the same load), then the median over rounds
-        ratios = [d / s for s, d in zip(static, dynamic) if s > 1e-3]
-        out[c] = (
-            statistics.median(static),
-            statistics.median(dynamic),
-            statistics.median(ratios) if ratios else None,
-        )
-    return {"stages": out, "others": others}
-
-
-def _cell(static: float, dynamic: float, ratio: float | None) -> str:
-    return f"{static:.3f} / {dynamic:.3f} ({'-' if ratio is None else f'{ratio:.2f}x'})"
+    others = max(0.0, (busy1 - busy0) / hz - (cpu_seconds() - own0)) / ((total1 - total0) / hz)
+    cells = [
+        _cell([r[clock][c] for r in runs[False]], [r[clock][c] for r in runs[True]])
+        for clock, c in [("cpu", c) for c in (*COLUMNS, "total")] + [("wall", "total")]
+    ]
+    return f"| {name} | " + " | ".join(cells) + f" | {others:.0%} |"
 
 
 def profile(name: str, dynamic: bool, choices: GemmTimer, top: int) -> None:
@@ -179,7 +178,7 @@ def profile(name: str, dynamic: bool, choices: GemmTimer, top: int) -> None:
     compile_once(fn, args, dims, dynamic, choices)  # warm-up
     prof = cProfile.Profile()
     seconds = compile_once(fn, args, dims, dynamic, choices, prof)
-    print(", ".join(f"{c} {seconds[c]:.3f}" for c in COLUMNS))
+    print(", ".join(f"{c} {seconds['cpu'][c]:.3f}" for c in (*COLUMNS, "total")), "(CPU s)")
     pstats.Stats(prof).sort_stats("cumulative").print_stats(top)
     pstats.Stats(prof).sort_stats("tottime").print_stats(top)
 
@@ -187,7 +186,7 @@ def profile(name: str, dynamic: bool, choices: GemmTimer, top: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="", help="comma-separated rows (default: all)")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--profile", default="", help="profile one row's compile instead")
     ap.add_argument("--static", action="store_true", help="profile the static compile")
     ap.add_argument("--top", type=int, default=40)
@@ -202,16 +201,11 @@ def main() -> None:
     rows = opts.only.split(",") if opts.only else ROWS
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {opts.repeats} rounds")
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
-    print(
-        "\nmedian seconds static / dynamic (median of the rounds' ratios)\n\n| workload | "
-        + " | ".join((*COLUMNS, "total"))
-        + " | others |\n|"
-        + "---|" * (len(COLUMNS) + 3)
-    )
+    header = [f"{c} (CPU s)" for c in (*COLUMNS, "total")] + ["total (wall s)", "others"]
+    print("\nmedian seconds static / dynamic (median of the rounds' ratios)\n")
+    print("| workload | " + " | ".join(header) + " |\n|" + "---|" * (len(header) + 1))
     for name in rows:
-        r = measure(name, opts.repeats, choices)
-        cells = [_cell(*r["stages"][c]) for c in (*COLUMNS, "total")]
-        print(f"| {name} | " + " | ".join(cells) + f" | {r['others']:.0%} |", flush=True)
+        print(measure(name, opts.repeats, choices), flush=True)
     print(f"\nload average at end: {os.getloadavg()[0]:.2f}")
 
 

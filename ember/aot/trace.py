@@ -311,7 +311,7 @@ class Tracer:
                 ) from e
             raise
         if key is not None:
-            shortcuts.remember(key, out)
+            shortcuts.remember(key, args, out)
         return out
 
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:

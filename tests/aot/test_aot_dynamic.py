@@ -173,15 +173,38 @@ def _layouts(gm: torch.fx.GraphModule) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("training", [False, True])
-def test_symbolic_meta_shortcuts_trace_the_same_graph(monkeypatch, training):
+def _gpt2_tiny():
+    import warnings
+
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = transformers.GPT2Config(n_layer=2, n_head=4, n_embd=32, vocab_size=256)
+        model = transformers.GPT2Model(cfg).eval()
+
+    def run(ids):
+        return model(input_ids=ids, use_cache=False).last_hidden_state
+
+    return run, lambda b, t: torch.randint(0, 256, (b, t))
+
+
+@pytest.mark.parametrize("case", ["layers", "layers training", "gpt2"])
+def test_symbolic_meta_shortcuts_trace_the_same_graph(monkeypatch, case):
     """The symbolic trace's shortcuts (aot/symbolic_meta.py: layouts recalled from an
-    earlier op on the same layouts, views of contiguous tensors) give every node the layout
-    the meta kernels give it: the same graphs, node for node, with and without them."""
+    earlier op on the same layouts, views of contiguous tensors, elementwise ops on
+    contiguous operands, products, layer norms) give every node the layout the meta kernels
+    give it: the same graphs, node for node, with and without them."""
     from ember.aot import symbolic_meta
 
     torch.manual_seed(0)
-    model = nn.Sequential(_Layer(), _Layer()).train(training)
+    training = case == "layers training"
+    if case == "gpt2":
+        fn, make = _gpt2_tiny()
+    else:
+        fn = nn.Sequential(_Layer(), _Layer()).train(training)
+        make = lambda b, t: torch.randn(b, t, 16, requires_grad=training)  # noqa: E731
     traced = {}
     for enabled in (True, False):
         monkeypatch.setattr(symbolic_meta, "ENABLED", enabled)
@@ -193,18 +216,21 @@ def test_symbolic_meta_shortcuts_trace_the_same_graph(monkeypatch, training):
             return aot_compile(gm, example_inputs, rec)
 
         # marked rather than dynamic=True, under which Dynamo makes LayerNorm's eps an input
-        compiled = torch.compile(model, backend=backend)
+        compiled = torch.compile(fn, backend=backend)
         for b, t in ((2, 3), (3, 7)):
-            x = torch.randn(b, t, 16, requires_grad=training)
+            x = make(b, t)
             torch._dynamo.mark_dynamic(x, [0, 1])
             with torch.set_grad_enabled(training):
                 out = compiled(x)
-                torch.testing.assert_close(out, model(x))
+                torch.testing.assert_close(out, fn(x))
             if training:
                 out.sum().backward()
         traced[enabled] = [_layouts(gm) for gm, _ in rec.graphs]
         if enabled:
             assert symbolic_meta.stats["recalled"] > 10
-            assert symbolic_meta.stats["contiguous view"] > 3
+            assert symbolic_meta.stats["contiguous_view"] > 3
+            assert symbolic_meta.stats["pointwise"] > 3
+            assert symbolic_meta.stats["matmul"] >= 4
+            assert symbolic_meta.stats["layer_norm"] >= 1
     assert len(traced[True]) == (2 if training else 1)
     assert traced[True] == traced[False]
