@@ -27,6 +27,7 @@ graphs with the shortcuts and without and requires the same layouts.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -35,7 +36,7 @@ import sympy
 import torch
 
 from ember.aot.functionalize import is_view_op
-from ember.aot.symbolic import SYM_TYPES, meta_like
+from ember.aot.symbolic import SYM_TYPES
 
 aten = torch.ops.aten
 
@@ -156,7 +157,7 @@ def _rebuild(func: Any, args: tuple, src_offset: Any, out: Any) -> Any:
     else:
 
         def make(o: torch.Tensor) -> torch.Tensor:
-            return meta_like(o, requires_grad=False)
+            return _fresh(o.shape, o.stride(), o.dtype, o.storage_offset())
 
     if isinstance(out, torch.Tensor):
         return make(out)
@@ -174,21 +175,22 @@ def _product(values: Sequence[Any]) -> Any:
     return out
 
 
-def _divides(d: sympy.Expr, n: sympy.Expr) -> bool:
-    """Whether n / d is a polynomial with integer coefficients (an exact quotient for every
-    value of the symbols)."""
-    quotient = sympy.cancel(n / d)
-    if quotient.is_Integer:
+def _monomial(e: sympy.Expr) -> bool:
+    """An integer, or an integer times powers of size symbols (no fraction): what a
+    quotient of two products of sizes is when it is exact for every value of the symbols."""
+    return all(_size_factor(f) for f in sympy.Mul.make_args(e))
+
+
+def _size_factor(f: sympy.Expr) -> bool:
+    if f.is_Integer or f.is_Symbol:
         return True
-    if sympy.fraction(quotient)[1] != 1 or not quotient.is_polynomial():
-        return False
-    return all(c.is_Integer for c in sympy.Poly(quotient, *quotient.free_symbols).coeffs())
+    return f.is_Pow and f.base.is_Symbol and f.exp.is_Integer and f.exp > 0
 
 
 def contiguous_view(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
     """`view(x, size)` (or `_unsafe_view`) of a contiguous `x` with symbolic sizes: the
-    contiguous layout of `size`, computed with SymInt products; None when `x` is not
-    provably contiguous or the element counts not provably equal."""
+    contiguous layout of `size`; None when `x` is not provably contiguous or the element
+    counts are not the same product (a -1 an exact quotient)."""
     if func not in _VIEWS or kwargs or len(args) != 2:
         return None
     src, size = args
@@ -199,17 +201,30 @@ def contiguous_view(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None
     free = [i for i, s in enumerate(size) if type(s) is int and s == -1]
     given = [s for i, s in enumerate(size) if i not in free]
     known = _product(_sym(s) for s in given)
+    operands = (*src.shape, *src.stride(), *given)
     if len(free) > 1:
         return None
     if free:
-        if not _divides(known, numel):
+        quotient = numel / known
+        if quotient.is_Integer and quotient < 0 or not _monomial(quotient):
             return None
-        size[free[0]] = _product(src.shape) // _product(given)
-    elif sympy.expand(numel - known) != 0:
+        inferred = _size_of(quotient, operands)
+        if inferred is None:
+            inferred = _product(src.shape) // _product(given)
+        size[free[0]] = inferred
+    elif numel != known:
         return None
     if func is aten.view.default:
-        return src.as_strided(size, _contiguous_strides(size), 0)
-    return _contiguous(size, src.dtype)
+        return src.as_strided(size, _contiguous_strides(size, operands), 0)
+    return _fresh(size, _contiguous_strides(size, operands), src.dtype)
+
+
+def _size_of(e: sympy.Expr, operands: Sequence[Any]) -> Any:
+    """`e` as an int, or as one of the operands' SymInts with that expression (no SymInt
+    arithmetic: in a Dynamo ShapeEnv each operation costs ~0.1-0.3 ms); else None."""
+    if e.is_Integer:
+        return int(e)
+    return next((v for v in operands if isinstance(v, torch.SymInt) and v.node.expr == e), None)
 
 
 def _contiguous_numel(t: Any) -> sympy.Expr | None:
@@ -225,44 +240,99 @@ def _contiguous_numel(t: Any) -> sympy.Expr | None:
     return numel
 
 
-def _contiguous_strides(size: Sequence[Any]) -> list[Any]:
+def _contiguous_strides(size: Sequence[Any], operands: Sequence[Any] = ()) -> list[Any]:
+    """Contiguous strides of `size` (as torch gives a new tensor): ints, SymInts of the
+    operands with the stride's expression, else SymInt products."""
     strides: list[Any] = []
     acc: Any = 1
+    expr = sympy.Integer(1)
     for s in reversed(size):
         strides.append(acc)
-        acc = acc * s
+        expr = expr * _sym(s)
+        found = _size_of(expr, (*operands, *size))
+        acc = found if found is not None else acc * s
     return strides[::-1]
 
 
-def _contiguous(size: Sequence[Any], dtype: torch.dtype) -> torch.Tensor:
-    return torch.empty_strided(size, _contiguous_strides(size), dtype=dtype, device="meta")
+def _contiguous(size: Sequence[Any], dtype: torch.dtype, operands: Sequence[Any] = ()):
+    return _fresh(size, _contiguous_strides(size, operands), dtype)
+
+
+def _fresh(size: Sequence[Any], stride: Sequence[Any], dtype: torch.dtype, offset: Any = 0):
+    """A new meta tensor (no view of another) of this layout. `torch.empty_strided` would
+    work out its storage size from the symbolic sizes, some ten SymInt operations of ~0.2
+    ms each in a Dynamo ShapeEnv; a meta tensor's storage holds nothing, so the layout is
+    set on an empty one and the result detached from it."""
+    empty = torch.empty(0, dtype=dtype, device="meta")
+    return empty.as_strided(size, stride, offset).detach()
 
 
 def pointwise(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
     """An elementwise op (torch.Tag.pointwise) on contiguous tensors, one of which has the
-    broadcast shape of all: the contiguous layout of that shape (what TensorIterator gives
-    such operands), in the dtype the op gives tensors of these dtypes and ranks (from the
-    op run on one-element stand-ins). None when any of that does not hold."""
+    broadcast shape of all: that tensor's layout (what TensorIterator gives such operands),
+    in the dtype the op gives tensors of these dtypes and ranks (from the op run on
+    one-element stand-ins). None when any of that does not hold."""
     if torch.Tag.pointwise not in func.tags or len(func._schema.returns) != 1:
         return None
     if kwargs.get("memory_format") not in (None, torch.contiguous_format, torch.preserve_format):
         return None
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    if not tensors or any(t.dim() == 0 or _contiguous_numel(t) is None for t in tensors):
+    if not tensors or any(_contiguous_numel(t) is None for t in tensors):
         return None
     if any(isinstance(a, SYM_TYPES) for a in (*args, *kwargs.values())):
         return None
-    shape = max((t.shape for t in tensors), key=len)
-    full = [_sym(s) for s in shape]
+    widest = max(tensors, key=lambda t: t.dim())
+    if not _canonical(widest):
+        return None
+    full = [_sym(s) for s in widest.shape]
     for t in tensors:
         for d, s in enumerate(t.shape, start=len(full) - t.dim()):
             e = _sym(s)
             if e != 1 and e != full[d]:
                 return None
-    probe = func(*[_stand_in(a) for a in args], **kwargs)
-    if not isinstance(probe, torch.Tensor) or probe.dim() != len(shape):
+    try:
+        dtype = _result_dtype(func, _describe(args), _describe(kwargs))
+    except TypeError:  # an unhashable argument
         return None
-    return _contiguous(shape, probe.dtype)
+    if dtype is None:
+        return None
+    return _fresh(widest.shape, widest.stride(), dtype)
+
+
+def _canonical(t: torch.Tensor) -> bool:
+    """Contiguous with the strides torch gives a new contiguous tensor (size-1 dims too)."""
+    acc = sympy.Integer(1)
+    for s, st in zip(reversed(t.shape), reversed(t.stride())):
+        if _sym(st) != acc:
+            return False
+        acc = acc * _sym(s)
+    return True
+
+
+def _describe(tree: Any) -> Any:
+    """What an elementwise op's result dtype depends on: tensors' dtypes and ranks (a 0-d
+    tensor promotes like a scalar), scalars' types and values."""
+    if isinstance(tree, torch.Tensor):
+        return (torch.Tensor, tree.dtype, tree.dim())
+    if isinstance(tree, list | tuple):
+        return (type(tree), tuple(_describe(a) for a in tree))
+    if isinstance(tree, dict):
+        return (dict, tuple((k, _describe(v)) for k, v in sorted(tree.items())))
+    return (type(tree), tree)
+
+
+@functools.lru_cache(maxsize=1024)
+def _result_dtype(func: Any, args: Any, kwargs: Any) -> torch.dtype | None:
+    """The dtype of `func` on one-element meta stand-ins of the described arguments (None
+    when it is not one tensor of the operands' broadcast rank)."""
+    try:
+        probe = func(*_stand_in(args), **_stand_in(kwargs))
+    except (RuntimeError, TypeError, ValueError, NotImplementedError):
+        return None  # the op itself says what is wrong
+    rank = max((a[2] for a in args[1] if a[0] is torch.Tensor), default=-1)
+    if not isinstance(probe, torch.Tensor) or probe.dim() != rank:
+        return None
+    return probe.dtype
 
 
 def matmul(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
@@ -284,7 +354,7 @@ def matmul(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
         fits = [_sym(s) for s in bias.shape] in ([_sym(b.shape[1])], [_sym(s) for s in size])
         if not fits or _contiguous_numel(bias) is None:
             return None
-    return _contiguous(size, a.dtype)
+    return _contiguous(size, a.dtype, (*a.shape, *a.stride(), *b.shape, *b.stride()))
 
 
 def same_size_expand(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
@@ -306,7 +376,7 @@ def layer_norm(func: Any, args: tuple, kwargs: dict) -> tuple[torch.Tensor, ...]
     if func is not aten.native_layer_norm.default or kwargs or len(args) != 5:
         return None
     x, normalized, weight, bias, _ = args
-    if _contiguous_numel(x) is None or x.dtype not in (torch.float32, torch.float64):
+    if not _canonical(x) or x.dtype not in (torch.float32, torch.float64):
         return None
     k = len(normalized)
     if not 0 < k <= x.dim() or [_sym(s) for s in normalized] != [_sym(s) for s in x.shape[-k:]]:
@@ -318,15 +388,18 @@ def layer_norm(func: Any, args: tuple, kwargs: dict) -> tuple[torch.Tensor, ...]
             or [_sym(s) for s in t.shape] != [_sym(s) for s in normalized]
         ):
             return None
-    stats_size = (*x.shape[:-k], *(1,) * k)
-    return (
-        _contiguous(x.shape, x.dtype),
-        _contiguous(stats_size, x.dtype),
-        _contiguous(stats_size, x.dtype),
-    )
+    stats = _contiguous((*x.shape[:-k], *(1,) * k), x.dtype, (*x.shape, *x.stride()))
+    out = _fresh(x.shape, x.stride(), x.dtype)
+    return out, stats, _fresh(stats.shape, stats.stride(), x.dtype)
 
 
-def _stand_in(a: Any) -> Any:
-    if isinstance(a, torch.Tensor):
-        return torch.empty((1,) * a.dim(), dtype=a.dtype, device="meta")
-    return a
+def _stand_in(described: Any) -> Any:
+    kind, *rest = described
+    if kind is torch.Tensor:
+        dtype, rank = rest
+        return torch.empty((1,) * rank, dtype=dtype, device="meta")
+    if kind is dict:
+        return {k: _stand_in(v) for k, v in rest[0]}
+    if kind in (list, tuple):
+        return kind(_stand_in(a) for a in rest[0])
+    return rest[0]
