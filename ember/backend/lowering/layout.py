@@ -2,26 +2,29 @@
 layouts once, and kept through the kernels between convolutions.
 
 oneDNN convolves a channels-last (NHWC) tensor with its direct kernels; given NCHW it runs
-other, often slower ones (measured in notes/backend.md). Eager keeps the model's layout;
-Inductor turns every convolution of a CPU graph channels-last. ember decides per
-convolution, as it chooses between GEMM libraries (gemm.py): each shape is timed once per
-process in both layouts (the two calls alternated, best of a few each) and channels-last
-kept where it wins by a margin. The margin runs the other way when the input already
+other, mostly slower ones (bench/convnets.py's shapes: 0.86 vs 3.7 ms for a 3-channel stem,
+1.7 vs 2.0 ms for 32 channels at 32x32, one thread; notes/backend.md). Eager keeps the
+model's layout; Inductor turns every convolution of a CPU graph channels-last. ember
+decides per convolution, as it chooses between GEMM libraries (gemm.py): each shape is
+timed once per process in both layouts (the two calls alternated, best of a few each) and
+channels-last kept where it wins by a margin. The margin runs the other way when the input already
 arrives channels-last, since leaving the layout costs a copy. The choice lands in the
 generated code, so the graph cache keeps it, as it keeps the GEMM choice.
 
 `plan` names the fx nodes whose results are kept channels-last: a convolution chosen so,
-and then every node that follows the layout of its input (pointwise ops, eval batch norm,
-pooling) when one of its inputs is kept. Lowering gives those nodes channels-last meta
+every node that follows the layout of its input (pointwise ops, eval batch norm, pooling)
+when one of its inputs is kept, and such a node read only by kept nodes (a ReLU of the
+graph input before the first convolution). Lowering gives those nodes channels-last meta
 values, so their buffers (realized values, a padded pooling's copy, the convolution's own
 result) are written channels-last, and the convolution lowering below brings its input
 into its result's layout (one copy of an NCHW graph input; a lazy input is written
 channels-last in the first place). Graph outputs keep eager's strides (graph.py `_output`).
 
-Only where that pays: a convolution whose result the graph returns (a training forward
-saves it for the backward, whose graph expects eager's strides) or whose result feeds
-something other than a layout-following op or a convolution (training batch norm's
-statistics, which ember computes in NCHW order) keeps eager's layout.
+Only where that pays: a node the graph returns keeps eager's layout (written in it once,
+never copied back; a training forward returns what its backward saves, and the backward
+graph expects eager's strides), and so does a convolution whose result feeds anything but
+a layout-following op or a convolution (training batch norm's statistics, which ember
+computes in NCHW order).
 """
 
 from __future__ import annotations
