@@ -98,12 +98,7 @@ def capture_call(
         torch_compat.set_grad_enabled(grad_mode)
     compiled_name = None
     graph = None
-    if harvest.sizes_only():
-        # only arithmetic on size symbols (`steps + 1` of a counter): run as Python, no
-        # backend compile, no graph counted (a static capture folded it to a constant)
-        compiled_name = f"__compiled_fn_{next(_counter)}"
-        fn.__globals__[compiled_name] = harvest.gm
-    elif not harvest.is_empty():
+    if not harvest.is_empty():
         graph = harvest.gm
         compiled_name = f"__compiled_fn_{next(_counter)}"
         if logs.enabled("graph_code"):
@@ -178,22 +173,29 @@ def _translate(
 ) -> tuple:
     """Run the root translator; again, stopping earlier, while it asks for a restart (a
     break inside a callee, then where a `with` block's manager was made, ...). Each restart
-    stops strictly before the last one, so this ends."""
+    stops strictly before the last one, so this ends. Again too when the capture writes
+    back a changed int it read (a counter): with that int a symbol (a new one each time)."""
     grad_mode = torch.is_grad_enabled()
     stop_before = None
     while True:
         ctx = CaptureContext.new(fn, policy)
         tracer = root_translator(ctx, fn, args, kwargs, allow_break, stop_before)
         try:
-            return ctx, tracer, tracer.run()
+            result = tracer.run()
         except TracedRaise as raised:  # leaves the function: its replacement raises it
             tracer.raised = raised.value
-            return ctx, tracer, raised.value
+            result = raised.value
         except RestartCapture as restart:
             torch_compat.set_grad_enabled(grad_mode)
             if stop_before is not None and restart.steps >= stop_before[0]:
                 raise AssertionError("a restarted capture asked to restart as late") from restart
             stop_before = (restart.steps, restart.reason)
+            continue
+        counters = ctx.shapes.written_back(ctx.effects.constant_attr_writes())
+        if not counters:
+            return ctx, tracer, result
+        torch_compat.set_grad_enabled(grad_mode)
+        policy = policy.with_ints(counters)
 
 
 def _handler(fn: types.FunctionType, tracer: Any) -> Handler | None:

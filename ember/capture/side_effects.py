@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ember import logs
-from ember.capture.values.base import Value, next_serial
+from ember.capture.sources import AttrSource, Source
+from ember.capture.values.base import ConstantValue, Value, next_serial
 from ember.errors import BreakReason, Unsupported
 
 if TYPE_CHECKING:
@@ -138,6 +139,16 @@ class SideEffects:
         values.extend(v for _, _, v in self._globals.values())
         values.extend(v for _, v in self._cells.values())
         return values
+
+    def constant_attr_writes(self) -> list[tuple[Source, Any]]:
+        """The constants stored to attributes of objects from outside, by the attribute."""
+        return [
+            (AttrSource(obj.source, name), value.value)
+            for obj, attrs in self._attrs.values()
+            if obj.source is not None
+            for name, value in attrs.items()
+            if isinstance(value, ConstantValue)
+        ]
 
     def replay(self, em: Emitter) -> None:
         """Emit the stores that bring the outside world to its final state.
