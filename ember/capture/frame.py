@@ -191,7 +191,7 @@ def _translate(
                 raise AssertionError("a restarted capture asked to restart as late") from restart
             stop_before = (restart.steps, restart.reason)
             continue
-        counters = ctx.shapes.written_back(ctx.effects.constant_attr_writes())
+        counters = ctx.shapes.written_back(ctx.effects.constant_writes(fn.__globals__))
         if not counters:
             return ctx, tracer, result
         torch_compat.set_grad_enabled(grad_mode)

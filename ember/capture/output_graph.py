@@ -120,7 +120,6 @@ class OutputGraph:
         self._last_placeholder = node
         node.meta["example_value"] = example
         node.meta["source"] = source.name()
-        node.meta["input_source"] = source
         return node
 
     def guard_sizes(self) -> None:

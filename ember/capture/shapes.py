@@ -265,6 +265,8 @@ class SymbolicShapes:
         """Sizes read from the user's arguments (for automatic dynamic)."""
         self.where: list[str] = []
         """The user's file:line for each guard of the ShapeEnv, in order."""
+        self.ints_read: dict[Source, int] = {}
+        """Every int the trace read from outside (its value in this call), by source."""
         self.int_symbols: dict[Source, torch.SymInt] = {}
         """The symbols made for int values, by where they were read."""
 
@@ -373,6 +375,7 @@ class SymbolicShapes:
         """A SymInt for an int that is dynamic, else the int itself: an int argument under
         dynamic=True, any int seen changing under automatic dynamic (a counter attribute)."""
         policy = self.policy
+        self.ints_read[source] = value
         if policy is None:
             return value
         if not (policy.everything and user_input(source) or -1 in policy.dims.get(source, ())):
@@ -386,7 +389,7 @@ class SymbolicShapes:
         constants the ledger stores, by where): counters, for the policy's `counters` rule."""
         if self.policy is None or not self.policy.counters:
             return []
-        read = {source: value for source, value in self.observed if type(value) is int}
+        read = self.ints_read
         found = []
         for source, new in writes:
             if (

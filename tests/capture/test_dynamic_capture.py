@@ -389,6 +389,30 @@ def test_counter_values_are_the_ones_at_entry_whatever_the_replay_writes():
     assert len(symbol_placeholders(gm)) == 1
 
 
+COUNT = 0
+
+
+def count_globally(x):
+    global COUNT
+    COUNT += 1
+    return x * 2
+
+
+@pytest.mark.parametrize("dynamic", [None, False])
+def test_global_counter_is_a_symbol_unless_dynamic_false(dynamic):
+    global COUNT
+    COUNT = 0
+    counter = CompileCounter()
+    compiled = ember.compile(count_globally, backend=counter, dynamic=dynamic)
+    for _ in range(4):
+        x = torch.randn(3)
+        assert_same(compiled(x), x * 2)
+    assert COUNT == 4
+    # dynamic=False: the value is guarded, every call recompiles (as torch.compile does)
+    assert counter.frame_count == (1 if dynamic is None else 4)
+    assert all(graph_work(gm) == [operator.mul] for gm in counter.graphs)
+
+
 def test_returned_size_arithmetic_is_computed_in_python_not_output():
     def f(x):
         n = x.shape[0]
