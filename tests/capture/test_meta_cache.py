@@ -194,6 +194,8 @@ def test_views_and_inplace_results_stay_tied_to_their_inputs():
         same = run_on_meta("call_method", "add_", [x, 1], {})
         assert same is x
         assert x._version == 1
+    views = [r for k, r in meta._cache._entries.items() if k[1] in ("view", "transpose")]
+    assert len(views) == 2 and meta._NEVER not in views  # the second round rebuilt them
 
 
 def test_results_needing_autograd_are_not_cached():

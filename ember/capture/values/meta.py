@@ -56,7 +56,7 @@ def run_on_meta(kind: str, target: Any, args: list, kwargs: dict) -> Any:
     except (_Uncacheable, TypeError):  # TypeError: an unhashable target or argument
         return _run(kind, target, args, kwargs, _symbolic(args) or _symbolic(kwargs))
     if recipe is not None:
-        return _rebuild(recipe)
+        return _rebuild(recipe, found.tensors)
     versions = [t._version for t in found.tensors]
     result = _run(kind, target, args, kwargs, found.env is not None)
     cache.record(key, result, found.tensors, versions)
@@ -222,15 +222,17 @@ def _expressions(sizes: Any) -> tuple:
     return tuple([s.node.expr if isinstance(s, SYM_TYPES) else s for s in sizes])
 
 
-def _rebuild(recipe: tuple) -> Any:
+def _rebuild(recipe: tuple, inputs: list[torch.Tensor]) -> Any:
     if recipe[0] == "constant":
         return recipe[1]
     _, symbolic, dtype, shape, stride, base = recipe
     with python_dispatcher() if symbolic else contextlib.nullcontext():
         if base is None:
             return torch.empty_strided(shape, stride, dtype=dtype, device=_META)
-        fresh = torch.empty_strided(base[0], base[1], dtype=dtype, device=_META)
-        return fresh.as_strided(shape, stride, base[2])
+        if base[0] == "input":
+            return inputs[base[1]].as_strided(shape, stride, base[2])
+        fresh = torch.empty_strided(base[1], base[2], dtype=dtype, device=_META)
+        return fresh.as_strided(shape, stride, base[3])
 
 
 class _MetaCache:
@@ -245,11 +247,12 @@ class _MetaCache:
     ShapeEnv (a guard `s0 == s1`) is still there for a call with the same expressions, and a
     result valid under the fewer facts known then stays valid.
 
-    Only results that stand alone are kept: a fresh tensor (or a view of one) that shares
-    no storage with an input, needs no autograd history and is rebuilt exactly by
-    `empty_strided` (and `as_strided`; checked on the kernel's own result before it is
-    kept), or an immutable constant. Views of inputs, in-place results, tuples and calls
-    that bumped an input's version always run the kernel.
+    Kept are results without autograd history that a recipe rebuilds exactly (checked on
+    the kernel's own result before it is kept): a fresh tensor (`empty_strided`), a view of
+    one (and `as_strided`), a view of an input (`as_strided` of the calling input: the same
+    base, so in-place writes reach it as they would), or an immutable constant. An input
+    itself (in-place results), an alias that is no view (detach), tuples and calls that
+    bumped an input's version always run the kernel.
     """
 
     LIMIT = 20_000
@@ -277,16 +280,24 @@ class _MetaCache:
         if type(result) is not torch.Tensor or result.requires_grad:
             return _NEVER
         storage = result.untyped_storage()._cdata
-        if any(t.untyped_storage()._cdata == storage for t in tensors):
-            return _NEVER  # shares memory with an input (detach, an alias)
+        shared = [i for i, t in enumerate(tensors) if t.untyped_storage()._cdata == storage]
+        if shared and (not result._is_view() or any(result is t for t in tensors)):
+            return _NEVER  # an input itself, or an alias that is no view (detach)
         base = None
-        if result._is_view():  # of a fresh tensor the kernel made (a transposed result)
+        if shared:  # a view of an input: rebuilt on the input of the call that hits
+            base = ("input", shared[0], result.storage_offset())
+        elif result._is_view():  # of a fresh tensor the kernel made (a transposed result)
             fresh = result._base
-            base = (fresh.shape, fresh.stride(), result.storage_offset())
-        sizes = (*result.shape, *result.stride(), *(base[0] if base else ()))
-        symbolic = not all(type(s) is int for s in sizes)
+            base = ("fresh", fresh.shape, fresh.stride(), result.storage_offset())
+        layout = [*result.shape, *result.stride(), result.storage_offset()]
+        if base is not None and base[0] == "fresh":
+            layout += [*base[1], *base[2]]
+        symbolic = not all(type(s) is int for s in layout)
         recipe = ("tensor", symbolic, result.dtype, result.shape, result.stride(), base)
-        if _tensor_facts(_rebuild(recipe)) != _tensor_facts(result):
+        rebuilt = _rebuild(recipe, tensors)
+        if _tensor_facts(rebuilt) != _tensor_facts(result):
+            return _NEVER
+        if shared and rebuilt._base is not result._base:
             return _NEVER
         return recipe
 
