@@ -12,11 +12,14 @@ else); "first call" adds running the captured graph once. Medians of N processes
 after another (2 shared CPUs: the spread is printed too).
 
     .venv/bin/python bench/capture_time.py [-n 7] [--only gpt2,mlp,block] [--profile gpt2] [--bare]
+        [--dynamic]
 
 "cpu ms" is the process CPU time during the capture (less sensitive to other load than the
 wall time; it counts all threads, but the capture runs on one). "import ms" is `import ember`
 (+ `ember.backend`) in the same process. EMBER_SRC=DIR measures the ember package in DIR
-instead of this checkout (a `git archive` of an older commit).
+instead of this checkout (a `git archive` of an older commit). `--dynamic` compiles with
+dynamic=True: the first capture with size symbols, which builds a process's first ShapeEnv
+(and imports torch._dynamo with it, unless the workload's imports already did).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ WORKLOADS = {
 }
 
 
-def _child(key: str, profile: bool, bare: bool) -> None:
+def _child(key: str, profile: bool, bare: bool, dynamic: bool) -> None:
     """One fresh process: everything but the compiled call happens before the clock starts."""
     sys.path.insert(0, str(HERE))
     sys.path.insert(0, os.environ.get("EMBER_SRC", str(ROOT)))
@@ -75,7 +78,7 @@ def _child(key: str, profile: bool, bare: bool) -> None:
     ember.api.capture_call = timed
     with torch.no_grad():
         fn(*inputs)  # eager warm-up
-        compiled = ember.compile(fn, backend="eager")
+        compiled = ember.compile(fn, backend="eager", dynamic=dynamic)
         if profile:
             import cProfile
             import pstats
@@ -106,8 +109,8 @@ def _child(key: str, profile: bool, bare: bool) -> None:
     )
 
 
-def _run(key: str, bare: bool) -> dict:
-    extra = ["--bare"] if bare else []
+def _run(key: str, bare: bool, dynamic: bool) -> dict:
+    extra = ["--bare"] * bare + ["--dynamic"] * dynamic
     proc = subprocess.run(
         [sys.executable, __file__, "--child", key, *extra],
         capture_output=True,
@@ -129,20 +132,21 @@ def main() -> None:
         action="store_true",
         help="import only ember, not ember.backend (which imports sympy and torch._refs)",
     )
+    p.add_argument("--dynamic", action="store_true", help="compile with dynamic=True")
     p.add_argument("--child", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.child:
-        _child(a.child, profile=False, bare=a.bare)
+        _child(a.child, profile=False, bare=a.bare, dynamic=a.dynamic)
         return
     if a.profile:
-        _child(a.profile, profile=True, bare=a.bare)
+        _child(a.profile, profile=True, bare=a.bare, dynamic=a.dynamic)
         return
     print(
         f"{'workload':<32} {'capture ms (min-max)':>21} {'cpu ms':>7} {'first call ms':>14}"
         f" {'2nd ms':>7} {'import ms':>10}"
     )
     for key in a.only.split(","):
-        runs = [_run(key, a.bare) for _ in range(a.n)]
+        runs = [_run(key, a.bare, a.dynamic) for _ in range(a.n)]
         cap = [r["capture"] * 1e3 for r in runs]
         first = statistics.median(r["first"] * 1e3 for r in runs)
         second = statistics.median(r["second"] * 1e3 for r in runs)

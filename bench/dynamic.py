@@ -11,14 +11,16 @@ shared):
    goal: dynamic >= 0.9x static and >= Inductor dynamic;
 3. compile time of the dynamic graph against the static one (first call, empty ember cache;
    imports warmed beforehand), goal <= 1.5x;
-4. a loop over 64 sequence lengths of GPT-2 tiny (compile + run, automatic dynamic): ember
-   against torch.compile (Inductor, empty cache), total seconds;
+4. a loop over 64 sequence lengths of GPT-2 tiny (compile + run, automatic dynamic, empty
+   caches): ember.compile and torch.compile with ember's backend against torch.compile
+   (Inductor), graphs and total seconds (issue 13's goal: ember at most 1/10 of
+   torch.compile's); `--seq-loop` runs only this section;
 5. ember.compile's own capture (automatic dynamic) against torch.compile on a loop over the
    sizes of each workload: graphs and total seconds (compile + run).
 
     MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=17179869184 \\
         .venv/bin/python bench/dynamic.py [--only softmax,mlp] [--blocks 11] [--no-loop]
-        [--capture-only]
+        [--capture-only] [--seq-loop]
 """
 
 from __future__ import annotations
@@ -231,6 +233,10 @@ def steady(name: str, factory, size: int, blocks: int, block_s: float) -> dict:
     }
 
 
+SEQ_LENGTHS = list(range(1, 129, 2))
+"""Issue 13's loop: 64 sequence lengths of GPT-2 tiny."""
+
+
 def seq_loop(backend, lengths: list[int]) -> float:
     """Total seconds of GPT-2 tiny over the lengths (compile and run), automatic dynamic."""
     torch._dynamo.reset()
@@ -262,17 +268,31 @@ def capture_loop(factory, sizes: list[int]) -> dict:
         "ember": ember.compile(fn, backend=ember_counter),
         "torch.compile": torch.compile(fn, backend=inductor_counter),
     }
-    seconds, worst = {}, {}
+    graphs = {
+        "ember": lambda: ember_counter.frame_count,
+        "torch.compile": lambda: inductor_counter.graphs,
+    }
+    seconds, compiling, worst = {}, {}, {}
     with torch.no_grad():
+        start = time.perf_counter()
+        expected = [fn(*a) for a in args]
+        eager_s = time.perf_counter() - start
         for name, compiled in runs.items():
             with config.patch(cache_dir=tempfile.mkdtemp(prefix="ember-bench-capture-")):
+                outs, compiling[name] = [], 0.0
                 start = time.perf_counter()
-                outs = [compiled(*a) for a in args]
+                for a in args:
+                    before, call_start = graphs[name](), time.perf_counter()
+                    outs.append(compiled(*a))
+                    if graphs[name]() != before:
+                        compiling[name] += time.perf_counter() - call_start
                 seconds[name] = time.perf_counter() - start
-            worst[name] = max((o - fn(*a)).abs().max().item() for o, a in zip(outs, args))
+            worst[name] = max((o - e).abs().max().item() for o, e in zip(outs, expected))
     return {
         "graphs": (ember_counter.frame_count, inductor_counter.graphs),
         "s": seconds,
+        "compiling": compiling,
+        "eager": eager_s,
         "diff": max(worst.values()),
     }
 
@@ -284,12 +304,17 @@ def main() -> None:
     ap.add_argument("--block-s", type=float, default=0.1)
     ap.add_argument("--no-loop", action="store_true")
     ap.add_argument("--capture-only", action="store_true", help="only ember.compile's section")
+    ap.add_argument("--seq-loop", action="store_true", help="only the 64 GPT-2 lengths")
     opts = ap.parse_args()
     torch.manual_seed(0)
     # warm imports (Dynamo, Inductor, ember) so compile times hold no import
     warm = torch.compile(lambda x: x + 1, backend=_ember())
     warm(torch.randn(3))
     torch.compile(lambda x: x * 2)(torch.randn(3))
+    ember.compile(lambda x: x * 3)(torch.randn(3))
+    if opts.seq_loop:
+        print_seq_loop(dynamo_backend=False)
+        return
     chosen = workloads()
     if opts.only:
         chosen = {k: v for k, v in chosen.items() if k in opts.only.split(",")}
@@ -337,13 +362,25 @@ def main() -> None:
             f"{r['others']:.0%} |"
         )
     if not opts.no_loop:
-        lengths = list(range(1, 129, 2))  # 64 sequence lengths
-        ember_s = seq_loop(ember.backend, lengths)
-        inductor_s = seq_loop("inductor", lengths)
-        print(
-            f"\nGPT-2 tiny over {len(lengths)} sequence lengths (compile + run): ember "
-            f"{ember_s:.2f} s, Inductor {inductor_s:.2f} s ({inductor_s / ember_s:.1f}x)"
-        )
+        print_seq_loop(dynamo_backend=True)
+
+
+def print_seq_loop(dynamo_backend: bool) -> None:
+    """Section 4: GPT-2 tiny over 64 sequence lengths, compile and run."""
+    c = capture_loop(workloads()["GPT-2 tiny"][0], SEQ_LENGTHS)
+    e, t = c["s"]["ember"], c["s"]["torch.compile"]
+    ce, ct = c["compiling"]["ember"], c["compiling"]["torch.compile"]
+    print(
+        f"\nGPT-2 tiny over {len(SEQ_LENGTHS)} sequence lengths (compile + run): ember.compile"
+        f" {e:.2f} s in {c['graphs'][0]} graphs, torch.compile (Inductor) {t:.2f} s in "
+        f"{c['graphs'][1]} graphs ({t / e:.1f}x), max abs diff {c['diff']:.1e}\n"
+        f"calls that compiled: ember {ce:.2f} s, torch.compile {ct:.2f} s; the other calls: "
+        f"ember {e - ce:.2f} s, torch.compile {t - ct:.2f} s; eager over the loop "
+        f"{c['eager']:.2f} s; load average {os.getloadavg()[0]:.1f}"
+    )
+    if dynamo_backend:
+        ember_s = seq_loop(ember.backend, SEQ_LENGTHS)
+        print(f"torch.compile with ember's backend: {ember_s:.2f} s ({t / ember_s:.1f}x)")
 
 
 if __name__ == "__main__":

@@ -118,7 +118,9 @@ def _run_cached(
             return fn(*args, **kwargs)
     try:
         wrap = None if opts.fullgraph else functools.partial(compile_function, opts=opts)
-        policy = DynamicPolicy(opts.dynamic is True, dict(cache.dynamic))
+        policy = DynamicPolicy(
+            opts.dynamic is True, dict(cache.dynamic), counters=opts.dynamic is not False
+        )
         entry = capture_call(fn, args, kwargs, opts.backend, wrap, policy)
     except Unsupported as exc:
         if opts.fullgraph:

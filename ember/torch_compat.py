@@ -17,6 +17,7 @@ keeps them honest.
 
 from __future__ import annotations
 
+import functools
 import sys
 import types
 import warnings
@@ -94,6 +95,31 @@ def python_dispatcher() -> Any:
     from torch._dispatch.python import enable_python_dispatcher
 
     return enable_python_dispatcher()
+
+
+def shape_env(**options: Any) -> Any:
+    """A torch `ShapeEnv` for a capture with size symbols. torch labels each symbol and guard
+    with the user's frame (`ShapeEnv._get_stack_summary`), found by skipping the files of a
+    list it builds by importing torch.export and parts of Dynamo and Inductor (0.7 s on the
+    first dynamic capture of a process, more than the capture) and by walking the stack on
+    every guard. ember labels its guards with the user's file:line itself, so its ShapeEnv
+    gives torch's labels no location. (The constructor still imports torch._dynamo, through
+    torch.fx.experimental.validator: no option of ShapeEnv avoids that.)"""
+    return _quiet_shape_env()(**options)
+
+
+@functools.cache
+def _quiet_shape_env() -> type:
+    from torch._guards import SLoc
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    class QuietShapeEnv(ShapeEnv):
+        def _get_stack_summary(
+            self, is_debug: bool = False, framework_loc: str | None = None
+        ) -> tuple[Any, str]:
+            return SLoc(framework_loc, None), ""
+
+    return QuietShapeEnv
 
 
 def tag_activation_checkpoint() -> Any:

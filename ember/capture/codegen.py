@@ -28,7 +28,6 @@ from ember.capture.output_graph import Harvest
 from ember.capture.resume import PASSED, Slot, StackSlot
 from ember.capture.shapes import concrete, has_symbols, is_symbolic
 from ember.capture.side_effects import SideEffects
-from ember.capture.sources import Source
 from ember.capture.values.base import ConstantValue, NullValue, Value
 from ember.capture.values.compiler import runs_in_python
 from ember.capture.values.containers import (
@@ -62,6 +61,19 @@ def break_temp(i: int) -> str:
     return f"___break_{i}"
 
 
+def symbol_local(symbol: Any) -> str:
+    """The local that holds a size symbol's value, read when the replacement code starts."""
+    return f"___sym_{symbol}"
+
+
+def _read_symbols(cg: CodeBuilder, harvest: Harvest) -> None:
+    """Read the symbols the code after the graph computes with, first thing: a symbol is the
+    value its guard checked, and the replay may change its source (`self.calls += 1`)."""
+    for symbol, source in harvest.symbol_reads().items():
+        source.emit(cg)
+        cg.store_fast(symbol_local(symbol))
+
+
 class Emitter:
     """Pushes values at run time; fresh mutable objects are built once and reused."""
 
@@ -72,15 +84,16 @@ class Emitter:
         self._built: dict[int, str] = {}
 
     def load_number(self, value: Any) -> None:
-        """A constant; a symbolic size as the graph output computing it (a tuple of sizes,
-        `x.shape`, item by item)."""
-        node = self._sizes.get(value.node.expr) if is_symbolic(value) else None
-        if isinstance(node, Source):
-            node.emit(self.cg)
-        elif node is not None:
-            self.cg.load_fast(GRAPH_OUT)
-            self.cg.load_const(self.output_index[node])
-            self.cg.subscr()
+        """A constant; a symbolic number computed from the symbols read at entry (a tuple
+        of sizes, `x.shape`, item by item)."""
+        size = self._sizes.get(value.node.expr) if is_symbolic(value) else None
+        if size is not None:
+            if size.fn is not None:
+                self.cg.load_const(size.fn, push_null=True)
+            for symbol, _ in size.symbols:
+                self.cg.load_fast(symbol_local(symbol))
+            if size.fn is not None:
+                self.cg.call(len(size.symbols))
         elif type(value) in (tuple, torch.Size) and any(map(is_symbolic, value)):
             if type(value) is torch.Size:
                 self.cg.load_const(torch.Size, push_null=True)
@@ -90,7 +103,7 @@ class Emitter:
             if type(value) is torch.Size:
                 self.cg.call(1)
         else:
-            self.cg.load_const(concrete(value))  # a size ember could not output: guarded
+            self.cg.load_const(concrete(value))  # a size ember could not write: guarded
 
     def load_tensor(self, value: TensorValue) -> None:
         if value.node in self.output_index:
@@ -285,6 +298,7 @@ def build_replacement(
     returns `result`, or raises `raised` (an exception that left the traced function)."""
     cg = CodeBuilder(template)
     em = Emitter(cg, harvest)
+    _read_symbols(cg, harvest)
     _call_graph(cg, compiled_name, harvest)
     _set_grad_mode(cg, grad_mode)
     # before the replay: the result may read state the replay changes
@@ -532,6 +546,7 @@ def build_break_replacement(
     an inlined frame, of its callers' resume functions after their calls)."""
     cg = CodeBuilder(template)
     em = Emitter(cg, harvest)
+    _read_symbols(cg, harvest)
     _call_graph(cg, compiled_name, harvest)
     _set_grad_mode(cg, site.grad_mode)
     stack, inst, frame = site.stack, site.inst, site.frame

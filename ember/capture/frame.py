@@ -97,11 +97,7 @@ def capture_call(
         except _BreakInCaller as retry:  # break code for the inlined frame failed
             stop_before = retry.stop
     graph = None
-    if harvest.sizes_only():
-        # only arithmetic on size symbols (`steps + 1` of a counter): run as Python, no
-        # backend compile, no graph counted (a static capture folded it to a constant)
-        fn.__globals__[compiled_name] = harvest.gm
-    elif compiled_name is not None:
+    if compiled_name is not None:
         graph = harvest.gm
         if logs.enabled("graph_code"):
             logs.log("graph_code", "TRACED GRAPH %s\n%s", compiled_name, graph_code(graph))
@@ -184,7 +180,7 @@ def _capture(
     finally:
         torch_compat.set_grad_enabled(grad_mode)
     compiled_name = None
-    if harvest.sizes_only() or not harvest.is_empty():
+    if not harvest.is_empty():
         compiled_name = f"__compiled_fn_{next(_counter)}"
     if brk is None:
         changed = mode_at_break if mode_at_break != grad_mode else None
@@ -237,23 +233,30 @@ def _translate(
 ) -> tuple:
     """Run the root translator; again, stopping earlier, while it asks for a restart (a
     break inside a callee, then where a `with` block's manager was made, ...). Each restart
-    stops strictly before the last one, so this ends."""
+    stops strictly before the last one, so this ends. Again too when the capture writes
+    back a changed int it read (a counter): with that int a symbol (a new one each time)."""
     grad_mode = torch.is_grad_enabled()
     while True:
         ctx = CaptureContext.new(fn, policy)
         tracer = root_translator(ctx, fn, args, kwargs, allow_break, stop_before)
         try:
-            return ctx, (tracer,), tracer.run()
+            frames, result = (tracer,), tracer.run()
         except TracedRaise as raised:  # leaves the function: its replacement raises it
             tracer.raised = raised.value
-            return ctx, (tracer,), raised.value
+            frames, result = (tracer,), raised.value
         except NestedStop as stop:  # the break is taken in an inlined frame
-            return ctx, stop.frames, None
+            frames, result = stop.frames, None
         except RestartCapture as restart:
             torch_compat.set_grad_enabled(grad_mode)
             if stop_before is not None and restart.steps >= stop_before[0]:
                 raise AssertionError("a restarted capture asked to restart as late") from restart
             stop_before = (restart.steps, restart.reason)
+            continue
+        counters = ctx.shapes.written_back(ctx.effects.constant_writes(fn.__globals__))
+        if not counters:
+            return ctx, frames, result
+        torch_compat.set_grad_enabled(grad_mode)
+        policy = policy.with_ints(counters)
 
 
 def _handler(code: types.CodeType, tracer: Any) -> Handler | None:

@@ -15,7 +15,7 @@ import torch
 
 from ember import torch_compat
 from ember.capture.guards import GuardKind, GuardSet
-from ember.capture.shapes import SYM_TYPES, SymbolicShapes, is_symbolic
+from ember.capture.shapes import PythonSize, SymbolicShapes, is_symbolic
 from ember.capture.sources import Source
 from ember.capture.subgraph import module_with
 from ember.capture.values.base import ConstantValue
@@ -74,13 +74,17 @@ class Harvest:
     gm: torch.fx.GraphModule
     inputs: list[GraphInput]
     output_index: dict[torch.fx.Node, int]
-    sizes: dict[Any, torch.fx.Node | Source] = dataclasses.field(default_factory=dict)
-    """Symbolic sizes the code after the graph rebuilds, by their expression: the graph
-    output computing one, or the source of a symbol that is one of the inputs."""
+    sizes: dict[Any, PythonSize] = dataclasses.field(default_factory=dict)
+    """Symbolic numbers the code after the graph rebuilds, by their expression: computed in
+    Python from the symbols, never graph outputs (a counter's `calls + 1` is no graph work)."""
 
     @property
     def example_inputs(self) -> list[torch.Tensor]:
         return [i.real for i in self.inputs]
+
+    def symbol_reads(self) -> dict[Any, Source]:
+        """The symbols the code after the graph computes with, and where it reads them."""
+        return {symbol: source for size in self.sizes.values() for symbol, source in size.symbols}
 
     def is_empty(self) -> bool:
         """No outputs and no work. Grad-mode switches alone are no work: the replacement
@@ -89,17 +93,6 @@ class Harvest:
             (n.op == "call_function" and n.target is not torch_compat.set_grad_enabled)
             or n.op == "call_method"
             for n in self.gm.graph.nodes
-        )
-
-    def sizes_only(self) -> bool:
-        """Work, but only on size symbols: no tensor op, no tensor output."""
-        calls = [n for n in self.gm.graph.nodes if n.op in ("call_function", "call_method")]
-        return (
-            bool(calls)
-            and all(isinstance(n.meta.get("example_value"), SYM_TYPES) for n in calls)
-            and not any(
-                isinstance(n.meta.get("example_value"), torch.Tensor) for n in self.output_index
-            )
         )
 
 
@@ -164,7 +157,6 @@ class OutputGraph:
         self._last_placeholder = node
         node.meta["example_value"] = example
         node.meta["source"] = source.name()
-        node.meta["input_source"] = source
         return node
 
     def guard_sizes(self) -> None:
@@ -189,21 +181,16 @@ class OutputGraph:
         tensors from outside it, capture/subgraph.py)."""
 
     def harvest(self, outputs: list[TensorValue | ConstantValue]) -> Harvest:
-        """Finish the graph: outputs as a tuple (symbolic sizes among them), unused inputs
-        dropped."""
+        """Finish the graph: the tensors as a tuple of outputs, unused inputs dropped;
+        symbolic numbers among the outputs are left to the code after the graph."""
         output_index: dict[torch.fx.Node, int] = {}
-        sizes: dict[Any, torch.fx.Node | Source] = {}
+        sizes: dict[Any, PythonSize] = {}
         for value in outputs:
             if isinstance(value, ConstantValue):
                 for number in _numbers(value.value):
-                    node = self.size_arg(number) if is_symbolic(number) else None
-                    if not isinstance(node, torch.fx.Node):
-                        continue
-                    if node.op == "placeholder":  # a symbol as it came in: reloaded
-                        sizes[number.node.expr] = node.meta["input_source"]
-                    else:
-                        sizes[number.node.expr] = node
-                        output_index.setdefault(node, len(output_index))
+                    size = self.shapes.in_python(number) if is_symbolic(number) else None
+                    if size is not None:
+                        sizes[number.node.expr] = size
                 continue
             if value.node.op != "placeholder" and value.node not in output_index:
                 output_index[value.node] = len(output_index)

@@ -10,19 +10,25 @@ broadcast of two sizes -> `s0 == s1`); each such guard is labelled with the user
 of the instruction that added it. Where a SymInt reaches the graph (a view's argument),
 `SymbolicShapes.graph_arg` writes its expression as fx nodes over the symbols' placeholders,
 which are graph inputs (`s0: "Sym(s0)"`) the way Dynamo's are, so any backend gets them.
+A symbolic number the code after the graph needs (a size returned, a counter's `calls + 1`
+stored back) is not a graph output: `SymbolicShapes.in_python` makes it a Python function of
+the symbols' values, which the replacement code reads from their sources at entry.
 
 Which sizes are dynamic is the `DynamicPolicy`: every dim of the user's tensor (and int)
 arguments under `dynamic=True`; under automatic dynamic (`dynamic=None`) the ones a failed
 guard showed changing (`SizeRecord.changes`); plus the marks of `mark_dynamic` and friends
-(torch._dynamo's marks are the same attributes).
+(torch._dynamo's marks are the same attributes); and, unless `dynamic=False`, an int the
+capture itself writes back changed (a counter: `written_back`, the capture runs again with it
+a symbol, so it needs no value guard and no second graph).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import sympy
@@ -32,11 +38,13 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, constrai
 from torch.utils._sympy.functions import FloorDiv, Max, Min, Mod, PythonMod
 from torch.utils._sympy.printers import PythonPrinter
 
-from ember import logs
+from ember import logs, torch_compat
 from ember.capture.sources import GuardScope, ItemSource, LocalSource, SizeSource, Source
 from ember.torch_compat import python_dispatcher
 
-SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+PYTHON_TYPES = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}
+"""The Python type each symbolic type stands for."""
+SYM_TYPES = tuple(PYTHON_TYPES)
 
 
 def is_symbolic(value: Any) -> bool:
@@ -115,6 +123,17 @@ class DynamicPolicy:
     """dynamic=True: every dim of the user's tensor arguments and every int argument."""
     dims: Mapping[Source, frozenset[int]] = dataclasses.field(default_factory=dict)
     """Automatic dynamic: the dims seen changing (-1 for an int argument)."""
+    counters: bool = False
+    """An int the capture reads from the arguments and writes back changed (`self.calls +=
+    1`) is a symbol at once: its value guard would fail on the very next call (not under
+    dynamic=False)."""
+
+    def with_ints(self, sources: list[Source]) -> DynamicPolicy:
+        """This policy, with the ints at `sources` symbols too."""
+        dims = dict(self.dims)
+        for source in sources:
+            dims[source] = dims.get(source, frozenset()) | {-1}
+        return dataclasses.replace(self, dims=dims)
 
 
 def user_input(source: Source) -> bool:
@@ -197,6 +216,17 @@ class NewSymbol:
     hint: int
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class PythonSize:
+    """A symbolic number computed by the replacement code: `fn` applied to the values of
+    `symbols` (read from their sources when the code starts, before any side effect is
+    replayed: the symbols stand for the values the guards checked). `fn` is None for a
+    symbol as it came in."""
+
+    fn: Callable[..., Any] | None
+    symbols: tuple[tuple[sympy.Symbol, Source], ...]
+
+
 _PRINTER = PythonPrinter()
 
 
@@ -227,12 +257,16 @@ class SymbolicShapes:
         self.policy = policy
         self.env: ShapeEnv | None = None
         self.sources: dict[sympy.Symbol, Source] = {}
+        self.hints: dict[sympy.Symbol, int] = {}
+        """Each symbol's value in the call being captured."""
         self.placeholders: dict[sympy.Symbol, torch.fx.Node] = {}
         self._nodes: dict[sympy.Expr, torch.fx.Node] = {}
         self.observed: list[tuple[Source, Any]] = []
         """Sizes read from the user's arguments (for automatic dynamic)."""
         self.where: list[str] = []
         """The user's file:line for each guard of the ShapeEnv, in order."""
+        self.ints_read: dict[Source, int] = {}
+        """Every int the trace read from outside (its value in this call), by source."""
         self.int_symbols: dict[Source, torch.SymInt] = {}
         """The symbols made for int values, by where they were read."""
 
@@ -262,7 +296,7 @@ class SymbolicShapes:
         """A SymInt for `hint`: a size (at least 2: 0 and 1 stay constants) or, with
         `size=False`, any int (a counter may be 0, 1 or negative)."""
         if self.env is None:
-            self.env = ShapeEnv(duck_shape=False)
+            self.env = torch_compat.shape_env(duck_shape=False)
         origin = _SymbolOrigin(source)
         expr = self.env.create_symbol(
             hint,
@@ -278,6 +312,7 @@ class SymbolicShapes:
             return int(expr)
         value = self.env.create_symintnode(expr, hint=hint, source=origin)
         self.sources[expr] = source
+        self.hints[expr] = hint
         if bounds is not None and (bounds[0] is not None or bounds[1] is not None):
             constrain_range(value, min=bounds[0], max=bounds[1])
         logs.log("dynamic", "create symbol %s = %s for %s", expr, hint, source.name())
@@ -340,6 +375,7 @@ class SymbolicShapes:
         """A SymInt for an int that is dynamic, else the int itself: an int argument under
         dynamic=True, any int seen changing under automatic dynamic (a counter attribute)."""
         policy = self.policy
+        self.ints_read[source] = value
         if policy is None:
             return value
         if not (policy.everything and user_input(source) or -1 in policy.dims.get(source, ())):
@@ -347,6 +383,30 @@ class SymbolicShapes:
         symbol = self._symbol(source, value, size=False)
         self.int_symbols[source] = symbol
         return symbol
+
+    def written_back(self, writes: Iterable[tuple[Source, Any]]) -> list[Source]:
+        """The ints this capture read as constants and writes back changed (`writes`: the
+        constants the ledger stores, by where): counters, for the policy's `counters` rule."""
+        if self.policy is None or not self.policy.counters:
+            return []
+        read = self.ints_read
+        found = []
+        for source, new in writes:
+            if (
+                source in read
+                and type(new) is int
+                and new != read[source]
+                and -1 not in self.policy.dims.get(source, ())
+            ):
+                logs.log(
+                    "dynamic",
+                    "%s is written back changed (%s -> %s): an int symbol from this capture on",
+                    source.name(),
+                    read[source],
+                    new,
+                )
+                found.append(source)
+        return found
 
     # the graph
     def graph_arg(self, value: Any, graph: torch.fx.Graph) -> Any:
@@ -377,6 +437,30 @@ class SymbolicShapes:
             node = self._node(op, tuple(args), graph)
         self._nodes[expr] = node
         return node
+
+    def in_python(self, value: Any) -> PythonSize | None:
+        """How the code after the graph computes a symbolic number in Python (None when ember
+        cannot print its expression: it is then made a number, with a guard). The printed
+        function is checked on the symbols' values of this call before it is trusted."""
+        expr = value.node.expr
+        symbols = sorted(expr.free_symbols, key=str)
+        if not all(s in self.sources for s in symbols):
+            return None
+        sources = tuple((s, self.sources[s]) for s in symbols)
+        if isinstance(expr, sympy.Symbol):
+            return PythonSize(None, sources)
+        try:
+            fn = eval(  # noqa: S307  (ember's own printing of a sympy expression)
+                f"lambda {', '.join(map(str, symbols))}: {_PRINTER.doprint(expr)}",
+                {"math": math, "torch": torch},
+            )
+            result = fn(*(self.hints[s] for s in symbols))
+        except Exception:  # a function the printer does not write as Python
+            return None
+        expected = value.node.hint
+        if type(result) is not PYTHON_TYPES[type(value)] or result != expected:
+            return None
+        return PythonSize(fn, sources)
 
     @staticmethod
     def _node(op: Callable[..., Any], args: tuple, graph: torch.fx.Graph) -> torch.fx.Node:

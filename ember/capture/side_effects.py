@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ember import logs
-from ember.capture.values.base import Value, next_serial
+from ember.capture.sources import AttrSource, Source, global_source
+from ember.capture.values.base import ConstantValue, Value, next_serial
 from ember.errors import BreakReason, Unsupported
 
 if TYPE_CHECKING:
@@ -138,6 +139,23 @@ class SideEffects:
         values.extend(v for _, _, v in self._globals.values())
         values.extend(v for _, v in self._cells.values())
         return values
+
+    def constant_writes(self, root_globals: dict) -> list[tuple[Source, Any]]:
+        """The constants stored to attributes of objects from outside and to globals, by
+        where they go (sources as a capture of a function with `root_globals` reads them)."""
+        found = [
+            (AttrSource(obj.source, name), value.value)
+            for obj, attrs in self._attrs.values()
+            if obj.source is not None
+            for name, value in attrs.items()
+            if isinstance(value, ConstantValue)
+        ]
+        found += [
+            (global_source(f_globals, root_globals, name), value.value)
+            for f_globals, name, value in self._globals.values()
+            if isinstance(value, ConstantValue)
+        ]
+        return found
 
     def replay(self, em: Emitter) -> None:
         """Emit the stores that bring the outside world to its final state.

@@ -152,6 +152,14 @@ class ForeignGlobalSource(Source):
         cg.subscr()
 
 
+def global_source(f_globals: dict, root_globals: dict, name: str) -> Source:
+    """Where the global `name` of a frame with `f_globals` is read from, in a capture of a
+    function whose globals are `root_globals`."""
+    if f_globals is root_globals:
+        return GlobalSource(name)
+    return ForeignGlobalSource(f_globals, name)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class CellSource(Source):
     """The content of a closure cell of the function being compiled (a free variable)."""

@@ -22,7 +22,7 @@ from ember.capture.guards import GuardKind, GuardSet
 from ember.capture.output_graph import OutputGraph
 from ember.capture.shapes import DynamicPolicy, SymbolicShapes
 from ember.capture.side_effects import SideEffects
-from ember.capture.sources import CellSource, ForeignGlobalSource, GlobalSource, LocalSource
+from ember.capture.sources import CellSource, LocalSource, global_source
 from ember.capture.values.base import (
     ConstantValue,
     FoldingRaised,
@@ -219,10 +219,7 @@ class Translator:
         if pending is not None:
             return pending
         if name in self.f_globals:
-            if self.f_globals is self.ctx.fn.__globals__:
-                source = GlobalSource(name)
-            else:
-                source = ForeignGlobalSource(self.f_globals, name)
+            source = global_source(self.f_globals, self.ctx.fn.__globals__, name)
             return self.ctx.builder.wrap(self.f_globals[name], source)
         builtins = self.f_globals.get("__builtins__", __builtins__)
         table = builtins if isinstance(builtins, dict) else builtins.__dict__

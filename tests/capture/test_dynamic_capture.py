@@ -8,6 +8,7 @@ question is "no worse than torch.compile", from Dynamo's own count on the same f
 from __future__ import annotations
 
 import logging
+import operator
 
 import pytest
 import torch
@@ -305,18 +306,27 @@ def test_sizes_read_as_python_values_are_specialized_not_leaked():
         assert_same(compiled(x, n), f(x, n))
 
 
-def test_counter_attribute_becomes_a_symbol_not_a_recompile_per_call():
-    """Seed 002's counter: torch.compile recompiles on every call (up to its limit)."""
+class Counter(torch.nn.Module):
+    """Seed 002's counter."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return x * 2
+
+
+def graph_work(gm: torch.fx.GraphModule) -> list:
+    return [n.target for n in gm.graph.nodes if n.op in ("call_function", "call_method")]
+
+
+def test_counter_is_no_graph_work_and_no_value_guard():
+    """Seed 002's counter, called 10 times: torch.compile guards `self.calls` by value and
+    recompiles on every call (up to its limit); ember's graph holds only the mul, and
+    `calls + 1` is computed by the code after the graph."""
     import torch._dynamo.testing
-
-    class Counter(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.calls = 0
-
-        def forward(self, x):
-            self.calls += 1
-            return x * 2
 
     model, reference, dynamo_model = Counter(), Counter(), Counter()
     counter = CompileCounter()
@@ -328,10 +338,96 @@ def test_counter_attribute_becomes_a_symbol_not_a_recompile_per_call():
         x = torch.randn(3)
         assert_same(compiled(x), reference(x))
         dynamo(x)
-    assert model.calls == reference.calls == 10
-    assert counter.frame_count == 2
+    assert model.calls == reference.calls == dynamo_model.calls == 10
+    # the capture sees it writes `self.calls` back changed: a symbol from the first graph
+    assert counter.frame_count == 1
     assert counter.frame_count <= dynamo_counter.frame_count
+    for gm in counter.graphs:
+        assert graph_work(gm) == [operator.mul]
+        assert symbol_placeholders(gm) == []
+    (entry,) = frame_cache.cache_for(Counter.forward.__code__).entries
+    assert not [c for c in entry.guard.conditions if ".calls ==" in c]
     torch._dynamo.reset()
+
+
+class Ledger(torch.nn.Module):
+    """Reads of a counter before and after its increment, an attribute derived from it, a
+    global list the values go to, and the counter in tensor work too."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+        self.total = 0
+
+    def forward(self, x):
+        before = self.calls
+        self.calls += 1
+        self.total = self.total + self.calls * 2
+        HISTORY.append(self.calls)
+        return x * before, before, self.calls, self.total
+
+
+HISTORY: list[int] = []
+
+
+def test_counter_values_are_the_ones_at_entry_whatever_the_replay_writes():
+    model, reference = Ledger(), Ledger()
+    counter = CompileCounter()
+    compiled = ember.compile(model, backend=counter)
+    for _ in range(6):
+        x = torch.randn(3)
+        HISTORY.clear()
+        got = compiled(x)
+        appended = list(HISTORY)
+        HISTORY.clear()
+        assert_same(got, reference(x))
+        assert appended == HISTORY
+    assert (model.calls, model.total) == (reference.calls, reference.total) == (6, 42)
+    assert counter.frame_count == 1  # the graph takes the counter's symbol (`x * before`)
+    (gm,) = counter.graphs
+    assert graph_work(gm) == [operator.mul]
+    assert len(symbol_placeholders(gm)) == 1
+
+
+COUNT = 0
+
+
+def count_globally(x):
+    global COUNT
+    COUNT += 1
+    return x * 2
+
+
+@pytest.mark.parametrize("dynamic", [None, False])
+def test_global_counter_is_a_symbol_unless_dynamic_false(dynamic):
+    global COUNT
+    COUNT = 0
+    counter = CompileCounter()
+    compiled = ember.compile(count_globally, backend=counter, dynamic=dynamic)
+    for _ in range(4):
+        x = torch.randn(3)
+        assert_same(compiled(x), x * 2)
+    assert COUNT == 4
+    # dynamic=False: the value is guarded, every call recompiles (as torch.compile does)
+    assert counter.frame_count == (1 if dynamic is None else 4)
+    assert all(graph_work(gm) == [operator.mul] for gm in counter.graphs)
+
+
+def test_returned_size_arithmetic_is_computed_in_python_not_output():
+    def f(x):
+        n = x.shape[0]
+        return x.sin(), n * 2 + 1, x.shape, n // 3 > 1
+
+    counter = CompileCounter()
+    compiled = ember.compile(f, backend=counter, dynamic=True)
+    for n in [2, 5, 7, 11]:
+        x = torch.randn(n, 3)
+        assert_same(compiled(x), f(x))
+    assert counter.frame_count == 1
+    (gm,) = counter.graphs
+    (output,) = gm.graph.find_nodes(op="output")
+    assert len(output.args[0]) == 1  # the sine: the numbers are Python's work
+    assert symbol_placeholders(gm) == []
 
 
 def test_shape_tuples_built_from_sizes_stay_symbolic():

@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ember.capture.shapes import DynamicPolicy, SymbolicShapes
+from ember.capture.sources import LocalSource
 from ember.capture.values import meta
 from ember.capture.values.meta import _tensor_facts, run_on_meta
 from ember.meta import to_meta
@@ -136,6 +138,50 @@ def test_heavy_python_kernels_match():
     _same_twice("call_function", torch.zeros, [(2, 3)], {"dtype": torch.float16})
 
 
+def _transposed_double(x):
+    return (x * 2).transpose(0, 1)
+
+
+def test_a_view_of_a_fresh_result_is_cached_as_one():
+    x = _meta([3, 5], torch.float32)
+    second = _same_twice("call_function", _transposed_double, [x])
+    assert second._is_view() and second._base is not x
+    assert second.untyped_storage()._cdata != x.untyped_storage()._cdata
+    (recipe,) = meta._cache._entries.values()
+    assert recipe is not meta._NEVER  # the second result was rebuilt from the cache
+
+
+def _symbolic_example(shape):
+    """A meta tensor whose first size is a symbol of a new capture's ShapeEnv."""
+    shapes = SymbolicShapes(DynamicPolicy(dims={LocalSource("x"): frozenset([0])}))
+    example, _ = shapes.tensor_example(LocalSource("x"), torch.empty(shape))
+    return shapes, example
+
+
+def _expressions(t):
+    return [s.node.expr if isinstance(s, torch.SymInt) else s for s in (*t.shape, *t.stride())]
+
+
+def test_symbolic_calls_are_cached_per_capture_by_their_expressions():
+    shapes, x = _symbolic_example([5, 8])
+    w = _meta([8], torch.float32)
+    first = run_on_meta("call_function", F.layer_norm, [x, (8,), w, w, 1e-5], {})
+    guards = len(shapes.env.guards)
+    second = run_on_meta("call_function", F.layer_norm, [x, (8,), w, w, 1e-5], {})
+    assert len(meta._symbolic_caches[shapes.env]._entries) == 1
+    assert _expressions(second) == _expressions(first)
+    assert len(shapes.env.guards) == guards  # a hit records nothing new
+    # another capture's symbols print alike (s0) but are its own: its own cache and results
+    other, y = _symbolic_example([5, 8])
+    result = run_on_meta("call_function", F.layer_norm, [y, (8,), w, w, 1e-5], {})
+    assert result.shape[0].node.shape_env is other.env
+    assert len(meta._symbolic_caches[other.env]._entries) == 1
+    q = run_on_meta("call_method", "view", [x, 5, 2, 4], {})
+    for _ in range(2):
+        out = run_on_meta("call_function", F.scaled_dot_product_attention, [q, q, q], {})
+        assert _expressions(out) == _expressions(q)
+
+
 def test_views_and_inplace_results_stay_tied_to_their_inputs():
     for _ in range(2):
         x = torch.empty(4, 6, device="meta")
@@ -148,6 +194,8 @@ def test_views_and_inplace_results_stay_tied_to_their_inputs():
         same = run_on_meta("call_method", "add_", [x, 1], {})
         assert same is x
         assert x._version == 1
+    views = [r for k, r in meta._cache._entries.items() if k[1] in ("view", "transpose")]
+    assert len(views) == 2 and meta._NEVER not in views  # the second round rebuilt them
 
 
 def test_results_needing_autograd_are_not_cached():
@@ -172,8 +220,8 @@ def test_key_tells_apart_types_signed_zero_and_default_dtype():
         assert run_on_meta("call_function", torch.mul, [x, 2.0], {}).dtype == torch.float64
     finally:
         torch.set_default_dtype(old)
-    k1 = meta._key_of([0.0], [])
-    k2 = meta._key_of([-0.0], [])
+    k1 = meta._key_of([0.0], meta._Inputs())
+    k2 = meta._key_of([-0.0], meta._Inputs())
     assert k1 != k2
 
 

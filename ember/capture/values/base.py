@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ember.capture.shapes import PYTHON_TYPES
 from ember.capture.sources import Source
 from ember.errors import BreakReason, Unsupported
 
@@ -166,7 +167,7 @@ class ConstantValue(Value):
 
     def python_type(self) -> type:
         kind = type(self.value)
-        return _SYMBOLIC_TYPES.get(kind, kind)
+        return PYTHON_TYPES.get(kind, kind)
 
     def is_constant(self) -> bool:
         return True
@@ -177,10 +178,10 @@ class ConstantValue(Value):
         paths that keep sizes symbolic (operators, tensor arguments) read `symbolic()`."""
         value = self.value
         kind = type(value)
-        if kind in _SYMBOLIC_TYPES:
-            return _SYMBOLIC_TYPES[kind](value)
-        if (kind is torch.Size or kind is tuple) and any(type(v) in _SYMBOLIC_TYPES for v in value):
-            return kind([_SYMBOLIC_TYPES.get(type(v), _same)(v) for v in value])
+        if kind in PYTHON_TYPES:
+            return PYTHON_TYPES[kind](value)
+        if (kind is torch.Size or kind is tuple) and any(type(v) in PYTHON_TYPES for v in value):
+            return kind([PYTHON_TYPES.get(type(v), _same)(v) for v in value])
         return value
 
     def symbolic(self) -> Any:
@@ -214,9 +215,6 @@ class ConstantValue(Value):
 
     def reconstruct(self, em: Emitter) -> None:
         em.load_number(self.value)
-
-
-_SYMBOLIC_TYPES = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}
 
 
 def _same(value: Any) -> Any:

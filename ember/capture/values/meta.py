@@ -10,7 +10,9 @@ tensors and the stand-in for torch._dynamo are shared with ember.aot (ember/meta
 
 from __future__ import annotations
 
+import contextlib
 import math
+import weakref
 from typing import Any
 
 import torch
@@ -44,21 +46,20 @@ def run_on_meta(kind: str, target: Any, args: list, kwargs: dict) -> Any:
     """Call `target` (a function, or a method name for call_method) on meta examples; a call
     whose inputs match an earlier one in every piece of metadata is answered from the cache
     (see `_MetaCache`)."""
-    tensors: list[torch.Tensor] = []
+    found = _Inputs()
     try:
-        key = (kind, target, _key_of(args, tensors), _key_of(kwargs, tensors), _global_state())
-        recipe = _cache.get(key)
+        key = (kind, target, _key_of(args, found), _key_of(kwargs, found), _global_state())
+        cache = (
+            _cache if found.env is None else _symbolic_caches.setdefault(found.env, _MetaCache())
+        )
+        recipe = cache.get(key)
     except (_Uncacheable, TypeError):  # TypeError: an unhashable target or argument
-        if _symbolic(args) or _symbolic(kwargs):
-            # C++ meta kernels want concrete sizes; their Python decompositions take SymInts
-            with python_dispatcher():
-                return _run(kind, target, args, kwargs)
-        return _run(kind, target, args, kwargs)
+        return _run(kind, target, args, kwargs, _symbolic(args) or _symbolic(kwargs))
     if recipe is not None:
-        return _rebuild(recipe)
-    versions = [t._version for t in tensors]
-    result = _run(kind, target, args, kwargs)
-    _cache.record(key, result, tensors, versions)
+        return _rebuild(recipe, found.tensors)
+    versions = [t._version for t in found.tensors]
+    result = _run(kind, target, args, kwargs, found.env is not None)
+    cache.record(key, result, found.tensors, versions)
     return result
 
 
@@ -72,7 +73,10 @@ def _symbolic(tree: Any) -> bool:
     return False
 
 
-def _run(kind: str, target: Any, args: list, kwargs: dict) -> Any:
+def _run(kind: str, target: Any, args: list, kwargs: dict, symbolic: bool) -> Any:
+    if symbolic:  # C++ meta kernels want concrete sizes; their Python decompositions take SymInts
+        with python_dispatcher():
+            return without_dynamo(_call, kind, target, args, kwargs)
     return without_dynamo(_call, kind, target, args, kwargs)
 
 
@@ -95,6 +99,17 @@ class _Uncacheable(Exception):
     """An argument whose metadata the cache key cannot describe exactly."""
 
 
+class _Inputs:
+    """What building a key found in the arguments: their tensors, and the ShapeEnv of the
+    size symbols among their sizes (None when every size is a number)."""
+
+    __slots__ = ("tensors", "env")
+
+    def __init__(self) -> None:
+        self.tensors: list[torch.Tensor] = []
+        self.env: Any = None
+
+
 _HASHED_AS_IS = frozenset(
     [
         int,
@@ -110,22 +125,23 @@ _HASHED_AS_IS = frozenset(
 )
 
 
-def _key_of(value: Any, tensors: list[torch.Tensor]) -> Any:
+def _key_of(value: Any, found: _Inputs) -> Any:
     """Everything about an argument that a meta kernel can see: for a tensor its dtype,
     shape, strides, offset and autograd/view flags (never its identity); for a constant its
-    type and value. Tensors found are appended to `tensors`. Raises _Uncacheable for
-    anything else (tensor subclasses, other objects)."""
+    type and value; a size symbol by its expression. Tensors found are appended to
+    `found.tensors`. Raises _Uncacheable for anything else (tensor subclasses, other
+    objects)."""
     kind = type(value)
     if kind is torch.Tensor:
-        tensors.append(value)
+        found.tensors.append(value)
         if value.layout is not torch.strided:
             raise _Uncacheable
         return (
             kind,
             value.dtype,
-            value.shape,
-            value.stride(),
-            value.storage_offset(),
+            _sizes(value.shape, found),
+            _sizes(value.stride(), found),
+            _size(value.storage_offset(), found),
             value.requires_grad,
             value.is_leaf,
             value._is_view(),
@@ -135,14 +151,35 @@ def _key_of(value: Any, tensors: list[torch.Tensor]) -> Any:
         )
     if kind in _HASHED_AS_IS:
         return (kind, value)
+    if kind in SYM_TYPES:
+        return _size(value, found)
     if kind is float:  # 0.0 == -0.0 and they hash alike: keep the sign apart
         return (kind, value, math.copysign(1.0, value))
     if kind is tuple or kind is list or kind is torch.Size:
-        return (kind, tuple([_key_of(v, tensors) for v in value]))
+        return (kind, tuple([_key_of(v, found) for v in value]))
     if kind is dict:
-        return (kind, tuple([(k, _key_of(v, tensors)) for k, v in value.items()]))
+        return (kind, tuple([(k, _key_of(v, found)) for k, v in value.items()]))
     if kind is slice:
-        return (kind, *(_key_of(v, tensors) for v in (value.start, value.stop, value.step)))
+        return (kind, *(_key_of(v, found) for v in (value.start, value.stop, value.step)))
+    raise _Uncacheable
+
+
+def _sizes(values: Any, found: _Inputs) -> Any:
+    """Sizes or strides for a key: as they are when all are numbers."""
+    if all(type(v) is int for v in values):
+        return values
+    return tuple([_size(v, found) for v in values])
+
+
+def _size(value: Any, found: _Inputs) -> Any:
+    """A size for a key; a symbolic one by its expression, whose symbols are the capture's
+    (`s0` of another capture is another symbol): such a key goes to the cache of its
+    ShapeEnv."""
+    if type(value) is int:
+        return value
+    if isinstance(value, SYM_TYPES):
+        found.env = value.node.shape_env
+        return (type(value), value.node.expr)
     raise _Uncacheable
 
 
@@ -162,15 +199,15 @@ _NEVER = ("never",)
 
 
 def _tensor_facts(t: torch.Tensor) -> tuple:
-    """The metadata a rebuilt result must share with the kernel's own result."""
+    """The metadata a rebuilt result must share with the kernel's own result (symbolic
+    sizes as expressions: comparing SymInts themselves would record guards)."""
     return (
         type(t),
         t.layout,
         t.dtype,
-        t.shape,
-        t.stride(),
-        t.storage_offset(),
-        t.untyped_storage().nbytes(),
+        _expressions(t.shape),
+        _expressions(t.stride()),
+        _expressions([t.storage_offset(), t.untyped_storage().nbytes()]),
         t.requires_grad,
         t.is_leaf,
         t._is_view(),
@@ -181,10 +218,21 @@ def _tensor_facts(t: torch.Tensor) -> tuple:
     )
 
 
-def _rebuild(recipe: tuple) -> Any:
-    if recipe[0] == "tensor":
-        return torch.empty_strided(recipe[1], recipe[2], dtype=recipe[3], device=_META)
-    return recipe[1]
+def _expressions(sizes: Any) -> tuple:
+    return tuple([s.node.expr if isinstance(s, SYM_TYPES) else s for s in sizes])
+
+
+def _rebuild(recipe: tuple, inputs: list[torch.Tensor]) -> Any:
+    if recipe[0] == "constant":
+        return recipe[1]
+    _, symbolic, dtype, shape, stride, base = recipe
+    with python_dispatcher() if symbolic else contextlib.nullcontext():
+        if base is None:
+            return torch.empty_strided(shape, stride, dtype=dtype, device=_META)
+        if base[0] == "input":
+            return inputs[base[1]].as_strided(shape, stride, base[2])
+        fresh = torch.empty_strided(base[1], base[2], dtype=dtype, device=_META)
+        return fresh.as_strided(shape, stride, base[3])
 
 
 class _MetaCache:
@@ -192,12 +240,19 @@ class _MetaCache:
 
     A capture runs the same ops on the same shapes many times (each transformer layer
     repeats the previous one), and PyTorch's Python meta kernels cost 0.2-5 ms a call
-    (layer_norm, addmm and SDPA most). A kernel's result metadata is a function of its
-    inputs' metadata, its constant arguments and a little global state, all of which are in
-    the key. Only results that stand alone are kept: a fresh tensor that shares no storage
-    with an input, needs no autograd history and is rebuilt exactly by `empty_strided`
-    (checked on the kernel's own result before it is kept), or an immutable constant. Views,
-    in-place results, tuples and calls that bumped an input's version always run the kernel.
+    (layer_norm, addmm and SDPA most; with size symbols ten times that). A kernel's result
+    metadata is a function of its inputs' metadata, its constant arguments and a little
+    global state, all of which are in the key. With size symbols, the sizes are their
+    expressions and the cache is the capture's own: what the kernel's first run added to the
+    ShapeEnv (a guard `s0 == s1`) is still there for a call with the same expressions, and a
+    result valid under the fewer facts known then stays valid.
+
+    Kept are results without autograd history that a recipe rebuilds exactly (checked on
+    the kernel's own result before it is kept): a fresh tensor (`empty_strided`), a view of
+    one (and `as_strided`), a view of an input (`as_strided` of the calling input: the same
+    base, so in-place writes reach it as they would), or an immutable constant. An input
+    itself (in-place results), an alias that is no view (detach), tuples and calls that
+    bumped an input's version always run the kernel.
     """
 
     LIMIT = 20_000
@@ -222,23 +277,48 @@ class _MetaCache:
             return _NEVER  # the call wrote to an input
         if type(result) in _CONSTANT_RESULTS:
             return ("constant", result)
-        if type(result) is not torch.Tensor or result.requires_grad or result._is_view():
+        if type(result) is not torch.Tensor or result.requires_grad:
             return _NEVER
         storage = result.untyped_storage()._cdata
-        if any(t.untyped_storage()._cdata == storage for t in tensors):
-            return _NEVER  # shares memory with an input (detach, an alias)
-        recipe = ("tensor", result.shape, result.stride(), result.dtype)
-        if _tensor_facts(_rebuild(recipe)) != _tensor_facts(result):
+        shared = [i for i, t in enumerate(tensors) if t.untyped_storage()._cdata == storage]
+        if shared and (not result._is_view() or any(result is t for t in tensors)):
+            return _NEVER  # an input itself, or an alias that is no view (detach)
+        base = None
+        if shared:  # a view of an input: rebuilt on the input of the call that hits
+            base = ("input", shared[0], result.storage_offset())
+        elif result._is_view():  # of a fresh tensor the kernel made (a transposed result)
+            fresh = result._base
+            base = ("fresh", fresh.shape, fresh.stride(), result.storage_offset())
+        layout = [*result.shape, *result.stride(), result.storage_offset()]
+        if base is not None and base[0] == "fresh":
+            layout += [*base[1], *base[2]]
+        symbolic = not all(type(s) is int for s in layout)
+        recipe = ("tensor", symbolic, result.dtype, result.shape, result.stride(), base)
+        rebuilt = _rebuild(recipe, tensors)
+        if _tensor_facts(rebuilt) != _tensor_facts(result):
+            return _NEVER
+        if shared and rebuilt._base is not result._base:
             return _NEVER
         return recipe
 
 
 _cache = _MetaCache()
+_symbolic_caches: weakref.WeakKeyDictionary[Any, _MetaCache] = weakref.WeakKeyDictionary()
+"""Results of calls with size symbols, by the ShapeEnv of the capture that made them: the
+symbols' names mean something only there."""
+
+
+def _symbolic_cache(env: Any) -> _MetaCache:
+    cache = _symbolic_caches.get(env)
+    if cache is None:
+        cache = _symbolic_caches[env] = _MetaCache()
+    return cache
 
 
 def clear_cache() -> None:
     """Forget every recorded result (`ember.reset()`): the keys hold the functions called."""
     _cache._entries.clear()
+    _symbolic_caches.clear()
 
 
 def result_device(
