@@ -78,9 +78,12 @@ def archive(rev: str, into: Path) -> Path:
 def kernel(entry: dict) -> ctypes._CFuncPtr:
     from ember.backend.codegen import build
 
-    if entry["kernels"] != {"kernel0": 2}:
+    kinds = entry["kernels"]
+    # older revisions recorded a kernel's pointer count, newer ones its argument kinds
+    kinds = {name: "p" * k if isinstance(k, int) else k for name, k in kinds.items()}
+    if kinds != {"kernel0": "pp"}:
         raise SystemExit(f"not a single two-pointer kernel: {entry['kernels']}")
-    return build.load(entry["cpp"], entry["kernels"])["kernel0"]
+    return build.load(entry["cpp"], kinds)["kernel0"]
 
 
 def main() -> None:

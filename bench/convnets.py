@@ -14,7 +14,10 @@ update is eager everywhere. Method (/work/shared/BENCHMARKING.md): interleaved b
 after the step (training) against eager beside every ratio.
 
     .venv/bin/python bench/convnets.py [--workloads block,resnet,resnet_cl] [--modes infer,train]
-        [--blocks 11] [--threads 2]
+        [--blocks 11] [--threads 2] [--conv-layouts auto,eager]
+
+`--conv-layouts auto,eager` adds a column of ember with eager's convolution layout
+(EMBER_CONV_LAYOUT=eager) beside the default (auto: channels-last where timed faster).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 from timing import block, calls_per_block  # noqa: E402
 
 import ember  # noqa: E402
+from ember import config  # noqa: E402
 from ember.testing.models import ResNetBlock  # noqa: E402
 
 
@@ -120,19 +124,32 @@ def _runner(call, model: nn.Module, inputs, train: bool, returns_loss: bool):
     return step
 
 
-def measure(name: str, train: bool, blocks: int, block_s: float) -> dict:
+def measure(name: str, train: bool, blocks: int, block_s: float, layouts: list[str]) -> dict:
+    """Times of eager, Inductor and ember (one variant per EMBER_CONV_LAYOUT value in
+    `layouts`: "ember" for the first, "ember[layout]" for the others)."""
     base, inputs, returns_loss = workload(name)
     base.train(train)
-    runners, models = {}, {}
-    for variant in ("eager", "inductor", "ember"):
+    runners, models, layout_of = {}, {}, {}
+    for i, layout in enumerate(layouts):
+        layout_of["ember" if i == 0 else f"ember[{layout}]"] = layout
+    for variant in ("eager", "inductor", *layout_of):
         model = copy.deepcopy(base)
-        call = {"eager": model, "inductor": torch.compile(model), "ember": ember.compile(model)}
+        if variant in layout_of:
+            call = ember.compile(model)
+        else:
+            call = torch.compile(model) if variant == "inductor" else model
         models[variant] = model
-        runners[variant] = _runner(call[variant], model, inputs, train, returns_loss)
-    # correctness: one call (and step) from the same state, compared with eager's
-    results = {k: fn() for k, fn in runners.items()}
+        runners[variant] = _runner(call, model, inputs, train, returns_loss)
+    # correctness: one call (and step) from the same state, compared with eager's; the
+    # first call compiles, so ember's variants make it under their layout setting
+    results = {}
+    for k, fn in runners.items():
+        with config.patch(conv_layout=layout_of.get(k, "auto")):
+            results[k] = fn()
     diffs = {}
-    for k in ("inductor", "ember"):
+    for k in runners:
+        if k == "eager":
+            continue
         if train:
             pairs = zip(models[k].state_dict().values(), models["eager"].state_dict().values())
             diffs[k] = max((a.float() - b.float()).abs().max().item() for a, b in pairs)
@@ -156,25 +173,34 @@ def main() -> None:
     p.add_argument("--blocks", type=int, default=11)
     p.add_argument("--block-s", type=float, default=0.1)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--conv-layouts",
+        default="auto",
+        help="EMBER_CONV_LAYOUT values, one ember column each (e.g. auto,eager)",
+    )
     args = p.parse_args()
+    layouts = args.conv_layouts.split(",")
+    extra = [f"ember[{v}]" for v in layouts[1:]]
     warnings.simplefilter("ignore")
     torch.set_num_threads(args.threads)
     torch._dynamo.config.cache_size_limit = 64
     print(f"torch {torch.__version__}, {args.threads} threads")
+    head = "".join(f" {v} | {v}/inductor |" for v in extra)
     print(
         "| workload | mode | eager | inductor | ember | inductor/eager | ember/eager "
-        "| ember/inductor | max diff (ind, ember) |"
+        f"| ember/inductor |{head} max diff (ind, ember) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|" + "---|---|" * len(extra) + "---|")
     for name in args.workloads.split(","):
         for mode in args.modes.split(","):
-            r = measure(name, mode == "train", args.blocks, args.block_s)
+            r = measure(name, mode == "train", args.blocks, args.block_s, layouts)
             m, d = r["med"], r["diffs"]
+            more = "".join(f" {m[v] * 1e3:.3f} ms | {m['inductor'] / m[v]:.2f}x |" for v in extra)
             print(
                 f"| {name} | {mode} | {m['eager'] * 1e3:.3f} ms | {m['inductor'] * 1e3:.3f} ms "
                 f"| {m['ember'] * 1e3:.3f} ms | {m['eager'] / m['inductor']:.2f}x "
-                f"| {m['eager'] / m['ember']:.2f}x | {m['inductor'] / m['ember']:.2f}x "
-                f"| {d['inductor']:.1e}, {d['ember']:.1e} |",
+                f"| {m['eager'] / m['ember']:.2f}x | {m['inductor'] / m['ember']:.2f}x |{more} "
+                f"{d['inductor']:.1e}, {d['ember']:.1e} |",
                 flush=True,
             )
             ember.reset()

@@ -50,10 +50,10 @@ def _timed(key: str, fn: Any) -> Any:
 def _instrumented(instantiate: Any) -> Any:
     graphs = iter(range(1 << 30))
 
-    def instantiate_timed(source: str, kernels: dict, constants: dict) -> Any:
+    def instantiate_timed(source: str, kernels: dict, constants: dict, device=None) -> Any:
         g = next(graphs)
         timed = {name: _timed(f"g{g}:{name}", fn) for name, fn in kernels.items()}
-        call = instantiate(source, timed, constants)
+        call = instantiate(source, timed, constants, device)
         scope = call.__globals__  # the extern ops are globals of the generated source
         for name in [n for n in scope if n.startswith("_op")]:
             key = f"g{g}:{name[1:]}"
@@ -76,19 +76,20 @@ def main() -> None:
     wrapper.instantiate = _instrumented(wrapper.instantiate)
     torch.manual_seed(0)
     if a.workload in CONVNETS:
-        model, (x, *_) = workload(a.workload)[:2]
+        model, inputs, returns_loss = workload(a.workload)
     else:
         factory, shape = WORKLOADS[a.workload]
-        model, x = factory(), torch.randn(shape)
+        model, inputs, returns_loss = factory(), (torch.randn(shape),), False
     model.train(not a.infer)
     compiled = torch.compile(model, backend=ember.backend.compile_graph, dynamic=False)
 
     def step() -> None:
         if a.infer:
             with torch.no_grad():
-                compiled(x)
+                compiled(*inputs)
         else:
-            compiled(x).square().mean().backward()
+            out = compiled(*inputs)
+            (out if returns_loss else out.square().mean()).backward()
 
     for _ in range(3):
         step()

@@ -37,6 +37,10 @@ class Config:
     triton_interpret: bool = False
     """Compile CPU graphs with the Triton code generator and run them under Triton's
     interpreter (EMBER_TRITON_INTERPRET=1): the GPU code path, exercised on a CPU machine."""
+    conv_layout: str = "auto"
+    """The memory format of convolutions in NCHW graphs (EMBER_CONV_LAYOUT): auto (each
+    convolution shape timed once in both, channels-last kept where faster), channels_last
+    (wherever the backend can keep it), eager (eager's layout)."""
     optimize_ddp: bool = True
     """Split graphs captured inside DDP's forward at its gradient buckets, so all-reduces
     overlap the backward (EMBER_OPTIMIZE_DDP=0: one graph, all-reduces after it)."""
@@ -44,6 +48,15 @@ class Config:
 
 def _flag(value: str) -> bool:
     return value.strip().lower() not in ("", "0", "false", "no")
+
+
+CONV_LAYOUTS = ("auto", "channels_last", "eager")
+
+
+def _conv_layout(value: str) -> str:
+    if value not in CONV_LAYOUTS:
+        raise ValueError(f"EMBER_CONV_LAYOUT={value!r}: expected one of {', '.join(CONV_LAYOUTS)}")
+    return value
 
 
 _ENV = {
@@ -55,6 +68,7 @@ _ENV = {
     "strict": ("EMBER_STRICT", _flag),
     "optimize_ddp": ("EMBER_OPTIMIZE_DDP", _flag),
     "triton_interpret": ("EMBER_TRITON_INTERPRET", _flag),
+    "conv_layout": ("EMBER_CONV_LAYOUT", _conv_layout),
 }
 
 

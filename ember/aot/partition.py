@@ -368,8 +368,10 @@ def _save_free_recomputations(
     GEMM, where the saved activations are already freed), recomputing a GELU in the
     backward buys nothing and costs a pass of erf over the activation. So each costly
     recomputation (largest first) is tried as a saved value instead, and kept saved when the
-    estimated step peak does not grow."""
-    forward, backward, saved = _split(joint, a, saved, as_module=False)
+    estimated step peak does not grow. The splits are bare graphs (no code generation); the
+    chosen one becomes the two modules, so a large graph is not split once more at the end."""
+    best = _split(joint, a, saved, as_module=False)
+    forward, backward, saved = best
     peak = _step_peak(a, forward, backward, saved)
     names = {n.name: n for n in joint.graph.nodes}
     recomputed = [
@@ -388,8 +390,9 @@ def _save_free_recomputations(
         trial_peak = _step_peak(a, *trial)
         if trial_peak <= peak:
             logs.log("aot", "partition: saving %s (step peak stays %d bytes)", node.name, peak)
-            saved, peak = trial[2], trial_peak
-    return _split(joint, a, saved)
+            best, saved, peak = trial, trial[2], trial_peak
+    forward, backward, saved = best
+    return fx.GraphModule(joint, forward), fx.GraphModule(joint, backward), saved
 
 
 def partition(

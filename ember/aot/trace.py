@@ -44,6 +44,7 @@ from ember.aot.functionalize import (
     mutated_args,
 )
 from ember.aot.symbolic import SYM_TYPES, is_symbolic
+from ember.aot.symbolic_meta import SymbolicMeta
 from ember.errors import BreakReason, Unsupported
 from ember.meta import META, to_meta
 from ember.torch_compat import python_dispatcher
@@ -132,6 +133,7 @@ class Tracer:
         self._sym_sources: dict[sympy.Symbol, tuple[Any, fx.Node, int, Any]] = {}
         self._region: int | None = None
         self._regions = itertools.count()
+        self._shortcuts: SymbolicMeta | None = None  # set when the trace is symbolic
 
     @contextlib.contextmanager
     def recompute_region(self) -> Iterator[None]:
@@ -243,6 +245,8 @@ class Tracer:
         # symbolic sizes: C++ composite kernels need concrete sizes, their Python
         # decompositions (run through the Python dispatcher) take SymInts
         symbolic = python_dispatcher() if self._sym_sources or self._sym_nodes else None
+        if symbolic is not None and self._shortcuts is None:
+            self._shortcuts = SymbolicMeta()
         with (
             symbolic or contextlib.nullcontext(),
             _Recorder(self),
@@ -290,8 +294,13 @@ class Tracer:
         if position is not None and position >= len(args):
             kwargs = {**kwargs, "device": META}
         args = _map_args(lambda a: META if isinstance(a, torch.device) else a, args)
+        shortcuts, key = self._shortcuts, None
+        if shortcuts is not None:
+            out, key = shortcuts.result(func, args, kwargs)
+            if out is not None:
+                return out
         try:
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
         except (RuntimeError, NotImplementedError) as e:
             tags = getattr(func, "tags", ())
             if torch.Tag.data_dependent_output in tags or torch.Tag.dynamic_output_shape in tags:
@@ -301,6 +310,9 @@ class Tracer:
                     "compiled region",
                 ) from e
             raise
+        if key is not None:
+            shortcuts.remember(key, args, out)
+        return out
 
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """Record one aten op and return its (meta) result."""

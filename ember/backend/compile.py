@@ -12,6 +12,8 @@ so nothing that was meant to compile can pass a test by running as aten ops.
 from __future__ import annotations
 
 import contextlib
+import resource
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -34,6 +36,10 @@ from ember.backend.scheduler.fusion import Schedule, schedule
 from ember.errors import BackendCompilerFailed
 
 stats: Counter[str] = Counter()
+stage_seconds: Counter[str] = Counter()
+stage_cpu_seconds: Counter[str] = Counter()
+"""Wall and CPU seconds (this process's and its g++ processes') spent in each pipeline
+stage, summed over graphs: what compile-time benchmarks read (bench/dynamic_compile.py)."""
 fallbacks: list[str] = []  # why each graph that ran as aten ops did (stage: error), in order
 _recorders: list[list[Artifact]] = []
 
@@ -48,12 +54,25 @@ class StageFailed(Exception):
 
 @contextlib.contextmanager
 def _stage(name: str) -> Iterator[None]:
+    start, cpu = time.perf_counter(), cpu_seconds()
     try:
         yield
     except StageFailed:
         raise
     except Exception as e:
         raise StageFailed(name, e) from e
+    finally:
+        stage_seconds[name] += time.perf_counter() - start
+        stage_cpu_seconds[name] += cpu_seconds() - cpu
+
+
+def cpu_seconds() -> float:
+    """CPU time of this process and of its children that ended (g++)."""
+    own, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 @contextlib.contextmanager

@@ -34,9 +34,9 @@ def _keep_size(size, dims):
     return tuple(1 if k in dims else s for k, s in enumerate(size))
 
 
-def _softmax_parts(ctx: LowerCtx, x: Value, dim: int):
+def _softmax_parts(ctx: LowerCtx, x: Value, dim: int, exp_op: U = U.EXP_SHIFTED):
     """(shifted input, exp of it, sum of exp, dims, row max) of a numerically stable
-    softmax over `dim`."""
+    softmax over `dim`; `exp_op` EXP_SHIFTED_SUMMAND where only the sum is read."""
     if not isinstance(x.dtype, DType) or not x.dtype.is_float:
         raise NotLowered("softmax of a non-float")
     comp = opmath(ctx.out_dtype)
@@ -48,7 +48,7 @@ def _softmax_parts(ctx: LowerCtx, x: Value, dim: int):
         return pw.bin_(B.SUB, cast(x.load(idx), comp), m.load(_kept(idx, d)))
 
     sh = LazyValue(x.size, comp, shifted)
-    e = LazyValue(x.size, comp, lambda idx: pw.un(U.EXP_SHIFTED, sh.load(idx)))
+    e = LazyValue(x.size, comp, lambda idx: pw.un(exp_op, sh.load(idx)))
     s = reduce(ctx, e, d, ReductionType.SUM, True, ks, comp)
     return sh, e, s, d, m
 
@@ -86,7 +86,7 @@ def _normalized(ctx: LowerCtx, x: Value, dim: int, safe: bool) -> Value:
 
 @register(aten._log_softmax.default)
 def _log_softmax(ctx: LowerCtx, x: Value, dim: int, half_to_float: bool = False) -> Value:
-    sh, _, s, d, _ = _softmax_parts(ctx, x, dim)
+    sh, _, s, d, _ = _softmax_parts(ctx, x, dim, U.EXP_SHIFTED_SUMMAND)
     out = ctx.out_dtype
 
     def load(idx):

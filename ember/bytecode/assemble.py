@@ -16,7 +16,18 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-from bytecode import Bytecode, CellVar, Compare, FreeVar, Instr, Label, SetLineno, TryBegin, TryEnd
+from bytecode import (
+    Bytecode,
+    CellVar,
+    Compare,
+    FreeVar,
+    Instr,
+    Intrinsic2Op,
+    Label,
+    SetLineno,
+    TryBegin,
+    TryEnd,
+)
 
 from ember.bytecode.decode import Inst
 from ember.bytecode.dialect import THIS
@@ -161,6 +172,8 @@ class CodeBuilder:
             self.load_attr(inst.argval)
         elif inst.op in (Op.STORE_ATTR, Op.DELETE_ATTR):
             self.emit(inst.opname, inst.argval)
+        elif inst.op is Op.CALL_INTRINSIC_2:  # 3.12+: the `bytecode` package names its argument
+            self.emit(inst.opname, Intrinsic2Op(inst.arg))
         elif inst.arg is not None:  # BINARY_OP, IS_OP, CONTAINS_OP: a plain number
             self.emit(inst.opname, inst.arg)
         else:

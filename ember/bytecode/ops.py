@@ -107,6 +107,9 @@ class Op(enum.Enum):
     RERAISE = enum.auto()
     WITH_EXCEPT_START = enum.auto()
     CALL_INTRINSIC_1 = enum.auto()
+    CALL_INTRINSIC_2 = enum.auto()
+    CHECK_EG_MATCH = enum.auto()
+    PREP_RERAISE_STAR = enum.auto()
     GET_LEN = enum.auto()
     MATCH_MAPPING = enum.auto()
     MATCH_SEQUENCE = enum.auto()
@@ -152,10 +155,6 @@ UNSUPPORTED: dict[str, str] = {
         "coroutines and async code are not captured",
     ),
     **dict.fromkeys(
-        ["CHECK_EG_MATCH", "PREP_RERAISE_STAR"],
-        "`except*` (exception groups) is not captured",
-    ),
-    **dict.fromkeys(
         [
             "LOAD_NAME",
             "STORE_NAME",
@@ -173,7 +172,6 @@ UNSUPPORTED: dict[str, str] = {
     ),
     "DELETE_GLOBAL": "deleting a global is not captured",
     "DELETE_DEREF": "deleting a closure variable is not captured",
-    "CALL_INTRINSIC_2": "exception-group and type-parameter intrinsics are not captured",
     **dict.fromkeys(
         [name for name in dis.opmap if name.startswith("INSTRUMENTED_")],
         "instrumented opcodes only appear under sys.monitoring, which ember does not trace",

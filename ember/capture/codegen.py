@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ember import torch_compat
-from ember.bytecode import CodeBuilder, Inst, Op, decode, operands
+from ember.bytecode import CodeBuilder, Inst, Op, decode, operands, with_null
 from ember.capture.output_graph import Harvest
 from ember.capture.resume import PASSED, Slot, StackSlot
 from ember.capture.shapes import concrete, has_symbols, is_symbolic
@@ -214,6 +214,44 @@ class BreakSite:
     handler: Handler | None = None
     """Where an exception raised by the instruction goes in the user's code (the break is
     inside a try or `with` block), or None when it leaves the function."""
+    callers: list[CallerSite] = dataclasses.field(default_factory=list)
+    """Where the break is taken in an inlined frame (capture/nested.py): the frames above
+    it, the compiled function's own first, each to continue after its call."""
+
+    @property
+    def frame(self) -> FrameVars:
+        return FrameVars(len(self.callers))
+
+
+@dataclasses.dataclass
+class CallerSite:
+    """A frame above an inlined frame that breaks: it called the frame below directly, and
+    continues at instruction `after` with the call's result on top of its stack."""
+
+    after: int
+    stack: list[Value]
+    """Its stack below the call's operands."""
+    locals: dict[str, Value]
+    untouched_args: list[str]
+    cells: dict[str, Value]
+    make_resume: Callable[..., Callable[..., Any]]
+
+
+@dataclasses.dataclass(frozen=True)
+class FrameVars:
+    """The variables break code keeps one frame's stack slots, locals and cells in: the
+    compiled function's own frame (depth 0) keeps its locals in their own variables; a frame
+    inlined into it, in variables named after its depth."""
+
+    depth: int
+
+    def stack(self, i: int) -> str:
+        return break_temp(i) if self.depth == 0 else f"___f{self.depth}_break_{i}"
+
+    def local(self, name: str, cells: dict[str, Value]) -> str:
+        if name in cells:
+            return cell_temp(name) if self.depth == 0 else f"___f{self.depth}_cell_{name}"
+        return name if self.depth == 0 else f"___f{self.depth}_local_{name}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -386,45 +424,59 @@ def _call_resume(
     resume: Callable[..., Any],
     slots: list[StackSlot],
     local_names: list[str],
-    cells: dict[str, Value] | None = None,
+    cells: dict[str, Value],
+    frame: FrameVars,
 ) -> None:
+    """Call a frame's resume function on its stack slots and locals, leaving its result."""
     cg.load_const(resume, push_null=True)
     count = 0
     for i, slot in enumerate(slots):
         if slot.kind in PASSED:
-            cg.load_fast(break_temp(i))
+            cg.load_fast(frame.stack(i))
             count += 1
     for local in local_names:
-        cg.load_fast(cell_temp(local) if cells and local in cells else local)
+        cg.load_fast(frame.local(local, cells))
     cg.call(count + len(local_names))
+
+
+def _return(cg: CodeBuilder, callers: list[_Caller]) -> None:
+    """Return the result on the stack, the inlined frame's, through its callers: each
+    continues after its call with the result of the frame below, innermost first."""
+    for caller in reversed(callers):
+        cg.store_fast(caller.frame.stack(len(caller.slots) - 1))
+        _call_resume(cg, caller.resume, caller.slots, caller.names, caller.site.cells, caller.frame)
     cg.return_value()
 
 
-def build_break_replacement(
-    template: types.CodeType,
-    compiled_name: str | None,
-    harvest: Harvest,
-    effects: SideEffects,
+@dataclasses.dataclass
+class _Caller:
+    site: CallerSite
+    frame: FrameVars
+    slots: list[StackSlot]
+    names: list[str]
+    resume: Callable[..., Any]
+
+
+def _store_frame(em: Emitter, site: CallerSite | BreakSite, frame: FrameVars) -> list[str]:
+    """Rebuild an inlined frame's cells and locals into its variables (before the replay,
+    which cannot reach them); returns the local names its resume functions take."""
+    for name, value in [*site.cells.items(), *site.locals.items()]:
+        em.reconstruct(value)
+        em.cg.store_fast(frame.local(name, site.cells))
+    return list(site.locals) + site.untouched_args + list(site.cells)
+
+
+def _store_stack(
+    em: Emitter,
+    stack: list[Value],
+    slots: list[StackSlot],
+    frame: FrameVars,
     site: BreakSite,
-) -> types.CodeType:
-    """Replacement code for a capture that stopped at an unsupported instruction: run the
-    graph, replay the ledger, restore the frame, run that instruction in CPython, then
-    return the result of the resume function that continues after it."""
-    cg = CodeBuilder(template)
-    em = Emitter(cg, harvest)
-    _read_symbols(cg, harvest)
-    _call_graph(cg, compiled_name, harvest)
-    _set_grad_mode(cg, site.grad_mode)
-    stack, inst = site.stack, site.inst
-    slots = [_slot(v) for v in stack]
-    pops, pushes = operands(inst) if can_resume_after(inst) else (0, 0)
-    base = len(stack) - pops
-    callee_at = -1
-    if inst.op in _CALLS:  # [NULL, callable], [callable, NULL] or [function, self]; args
-        callee_at = base + 1 if isinstance(stack[base], NullValue) else base
-    for i in range(base, len(stack)):  # what CPython consumes is passed whole
-        if slots[i].kind is Slot.METHOD:
-            slots[i] = StackSlot(Slot.VALUE)
+    base: int,
+    callee_at: int = -1,
+) -> None:
+    """Rebuild a frame's stack slots into its variables; from `base` on, the operands of
+    the instruction run at the break (its callee goes through ember again)."""
     for i, value in enumerate(stack):
         kind = slots[i].kind
         if i == callee_at and kind is not Slot.NULL:
@@ -442,21 +494,82 @@ def build_break_replacement(
             em.reconstruct(value)
         else:
             continue
-        cg.store_fast(break_temp(i))
-    # Everything the frame holds is rebuilt before the replay (it may read state the replay
-    # changes: `old = v.data; v.data = ...`); locals go through temps, since the replay may
-    # reach objects through the frame's original locals.
+        em.cg.store_fast(frame.stack(i))
+
+
+def _rebuild_callers(em: Emitter, site: BreakSite) -> list[_Caller]:
+    """The callers' stacks, and the cells and locals of those inlined into the compiled
+    function, rebuilt into their variables; their resume functions."""
+    callers = []
+    for depth, caller in enumerate(site.callers):
+        frame = FrameVars(depth)
+        slots = [_slot(v) for v in caller.stack]
+        _store_stack(em, caller.stack, slots, frame, site, len(slots))
+        if depth:
+            names = _store_frame(em, caller, frame)
+        else:
+            names = list(caller.locals) + caller.untouched_args + list(caller.cells)
+        slots.append(StackSlot(Slot.VALUE))  # the call's result
+        resume = caller.make_resume(caller.after, slots, names)
+        callers.append(_Caller(caller, frame, slots, names, resume))
+    return callers
+
+
+def _store_root_locals(em: Emitter, site: CallerSite | BreakSite) -> None:
+    """The compiled function's own cells and locals: rebuilt before the replay, which may
+    change what they read (`old = v.data; v.data = ...`), and stored in the frame's own
+    variables after it, through temps (the replay may reach objects through them)."""
     for name, value in site.cells.items():
         em.reconstruct(value)
-        cg.store_fast(cell_temp(name))
+        em.cg.store_fast(cell_temp(name))
     for j, value in enumerate(site.locals.values()):
         em.reconstruct(value)
-        cg.store_fast(f"___local_tmp{j}")
-    effects.replay(em)
+        em.cg.store_fast(f"___local_tmp{j}")
+
+
+def _restore_root_locals(cg: CodeBuilder, site: CallerSite | BreakSite) -> None:
     for j, name in enumerate(site.locals):
         cg.load_fast(f"___local_tmp{j}")
         cg.store_fast(name)
-    local_names = list(site.locals) + site.untouched_args + list(site.cells)
+
+
+def build_break_replacement(
+    template: types.CodeType,
+    compiled_name: str | None,
+    harvest: Harvest,
+    effects: SideEffects,
+    site: BreakSite,
+) -> types.CodeType:
+    """Replacement code for a capture that stopped at an unsupported instruction: run the
+    graph, replay the ledger, restore the frame, run that instruction in CPython, then
+    return the result of the resume function that continues after it (and, for a break in
+    an inlined frame, of its callers' resume functions after their calls)."""
+    cg = CodeBuilder(template)
+    em = Emitter(cg, harvest)
+    _read_symbols(cg, harvest)
+    _call_graph(cg, compiled_name, harvest)
+    _set_grad_mode(cg, site.grad_mode)
+    stack, inst, frame = site.stack, site.inst, site.frame
+    slots = [_slot(v) for v in stack]
+    pops, pushes = operands(inst) if can_resume_after(inst) else (0, 0)
+    base = len(stack) - pops
+    callee_at = -1
+    if inst.op in _CALLS:  # [NULL, callable], [callable, NULL] or [function, self]; args
+        callee_at = base + 1 if isinstance(stack[base], NullValue) else base
+    for i in range(base, len(stack)):  # what CPython consumes is passed whole
+        if slots[i].kind is Slot.METHOD:
+            slots[i] = StackSlot(Slot.VALUE)
+    _store_stack(em, stack, slots, frame, site, base, callee_at)
+    # Everything the frames hold is rebuilt before the replay (it may read state the replay
+    # changes)
+    root = site.callers[0] if site.callers else site
+    _store_root_locals(em, root)
+    callers = _rebuild_callers(em, site)
+    local_names = _store_frame(em, site, frame) if site.callers else None
+    effects.replay(em)
+    _restore_root_locals(cg, root)
+    if local_names is None:
+        local_names = list(site.locals) + site.untouched_args + list(site.cells)
     # the resume function is called in the mode the frame was entered in (see make_resume)
     entry_mode = None if site.grad_mode is None else not site.grad_mode
     handler = cg.label()
@@ -464,29 +577,19 @@ def build_break_replacement(
     if inst.op in _JUMP_CONDITIONS:
         rest = slots[:-1]
         _set_grad_mode(cg, entry_mode)
-        handled = _handle_again(cg, slots, base)
+        handled = _handle_again(cg, slots, base, frame)
         taken = cg.label()
         with guarded:  # the truth of a tensor may raise
-            cg.load_fast(break_temp(len(stack) - 1))
+            cg.load_fast(frame.stack(len(stack) - 1))
             cg.pop_jump_if(_JUMP_CONDITIONS[inst.op], taken)
-        _stop_handling(cg, handled)
-        _call_resume(
-            cg,
-            site.make_resume(inst.index + 1, rest, local_names, site.grad_mode),
-            rest,
-            local_names,
-            site.cells,
-        )
-        cg.place(taken)
-        _stop_handling(cg, handled)
-        _call_resume(
-            cg,
-            site.make_resume(inst.target, rest, local_names, site.grad_mode),
-            rest,
-            local_names,
-            site.cells,
-        )
-        _resume_at_handler(cg, site, handler, slots, local_names, entry_mode, handled)
+        for n, target in enumerate((inst.index + 1, inst.target)):
+            if n:
+                cg.place(taken)
+            _stop_handling(cg, handled)
+            resume = site.make_resume(target, rest, local_names, site.grad_mode)
+            _call_resume(cg, resume, rest, local_names, site.cells, frame)
+            _return(cg, callers)
+        _resume_at_handler(cg, site, handler, slots, local_names, entry_mode, handled, callers)
         return cg.to_code()
     if not can_resume_after(inst):
         raise Unsupported(
@@ -499,43 +602,64 @@ def build_break_replacement(
     if inst.op is Op.CALL_KW:  # the names are the top slot, which `call` loads itself
         kw_names = stack[-1].as_constant()
         pushed_back -= 1
-    handled = _handle_again(cg, slots, base)
+    handled = _handle_again(cg, slots, base, frame)
     with guarded:  # from its operands on: 3.13 finds the handler of a failed call there
         for i in range(base, pushed_back):
             if slots[i].kind is Slot.NULL:
                 cg.push_null()
             else:
-                cg.load_fast(break_temp(i))
+                cg.load_fast(frame.stack(i))
                 if slots[i].kind is Slot.ITERATOR:
                     cg.get_iter()
         _emit_unsupported(cg, inst, kw_names)
-    for i in reversed(range(base, base + pushes)):
-        cg.store_fast(break_temp(i))
-    rest = [*slots[:base], *[StackSlot(Slot.VALUE)] * pushes]
+    results = _results(inst, pushes)
+    for i in reversed(range(pushes)):
+        if results[i].kind is Slot.VALUE:
+            cg.store_fast(frame.stack(base + i))
+    rest = [*slots[:base], *results]
+    if inst.op is Op.CHECK_EG_MATCH and handled:
+        _handle_match(cg, slots, base, frame)
     _stop_handling(cg, handled)
     _set_grad_mode(cg, entry_mode)
-    _call_resume(
-        cg,
-        site.make_resume(inst.index + 1, rest, local_names, site.grad_mode),
-        rest,
-        local_names,
-        site.cells,
-    )
-    _resume_at_handler(cg, site, handler, slots, local_names, entry_mode, handled)
+    resume = site.make_resume(inst.index + 1, rest, local_names, site.grad_mode)
+    _call_resume(cg, resume, rest, local_names, site.cells, frame)
+    _return(cg, callers)
+    _resume_at_handler(cg, site, handler, slots, local_names, entry_mode, handled, callers)
     return cg.to_code()
 
 
-def _handle_again(cg: CodeBuilder, slots: list[StackSlot], below: int) -> bool:
+def _results(inst: Inst, pushes: int) -> list[StackSlot]:
+    """The slots the instruction run at the break leaves: values, but for LOAD_METHOD (of
+    an attribute that could not be traced: a property's getter that breaks) the bound
+    method and the NULL of the call it is for."""
+    if inst.op is Op.LOAD_METHOD:
+        return list(with_null(StackSlot(Slot.VALUE), StackSlot(Slot.NULL)))
+    return [StackSlot(Slot.VALUE)] * pushes
+
+
+def _handle_again(cg: CodeBuilder, slots: list[StackSlot], below: int, frame: FrameVars) -> bool:
     """A break inside an `except` block: the instruction runs with the block's exception
     handled by CPython (`sys.exc_info()`, `logging.exception`), so break code raises and
     catches it again; the exception handled before stays on the stack for POP_EXCEPT."""
     handled = [i for i, slot in enumerate(slots[:below]) if slot.kind is Slot.HANDLING]
     if not handled:
         return False
-    cg.load_fast(break_temp(handled[-1]))
+    cg.load_fast(frame.stack(handled[-1]))
     cg.catch_raised(0)
     cg.pop_top()
     return True
+
+
+def _handle_match(cg: CodeBuilder, slots: list[StackSlot], base: int, frame: FrameVars) -> None:
+    """CHECK_EG_MATCH makes the part of the group it matched the exception being handled
+    (`sys.exc_info()` in the `except*` clause): the resume function handles that one."""
+    handling = max(i for i, slot in enumerate(slots[:base]) if slot.kind is Slot.HANDLING)
+    no_match = cg.label()
+    cg.load_fast(frame.stack(base + 1))
+    cg.pop_jump_if("NONE", no_match)
+    cg.load_fast(frame.stack(base + 1))
+    cg.store_fast(frame.stack(handling))
+    cg.place(no_match)
 
 
 def _stop_handling(cg: CodeBuilder, handled: bool) -> None:
@@ -551,6 +675,7 @@ def _resume_at_handler(
     local_names: list[str],
     entry_mode: bool | None,
     handled: bool,
+    callers: list[_Caller],
 ) -> None:
     """Where the instruction run at the break raises inside a try or `with` block: the
     exception goes to a resume function that continues at the block's handler, with the
@@ -560,21 +685,18 @@ def _resume_at_handler(
     if site.handler is None:
         return
     depth, lasti = site.handler.depth, site.handler.lasti
+    frame = site.frame
     cg.place(label)
-    cg.store_fast(break_temp(depth + lasti))
+    cg.store_fast(frame.stack(depth + lasti))
     if lasti:
         cg.load_const(0)
-        cg.store_fast(break_temp(depth))
+        cg.store_fast(frame.stack(depth))
     _stop_handling(cg, handled)
     at_handler = [*slots[:depth], *[StackSlot(Slot.VALUE)] * (1 + lasti)]
     _set_grad_mode(cg, entry_mode)
-    _call_resume(
-        cg,
-        site.make_resume(site.handler.target, at_handler, local_names, site.grad_mode),
-        at_handler,
-        local_names,
-        site.cells,
-    )
+    resume = site.make_resume(site.handler.target, at_handler, local_names, site.grad_mode)
+    _call_resume(cg, resume, at_handler, local_names, site.cells, frame)
+    _return(cg, callers)
 
 
 _CALLS = (Op.CALL, Op.CALL_KW, Op.CALL_FUNCTION_EX)
@@ -589,16 +711,21 @@ _REPLAYABLE = frozenset(
         Op.UNARY_INVERT,
         Op.UNARY_NOT,
         Op.LOAD_ATTR,
+        Op.LOAD_METHOD,
         Op.STORE_ATTR,
         Op.DELETE_ATTR,
         Op.STORE_SUBSCR,
         Op.DELETE_SUBSCR,
         Op.BEFORE_WITH,
+        Op.CHECK_EG_MATCH,
+        Op.PREP_RERAISE_STAR,
+        Op.CALL_INTRINSIC_2,
     }
 )
 """Instructions other than calls that break code can run in CPython as they are
 (`x[mask]`, `t.grad`, `del obj.attr` break here; BEFORE_WITH where the `__exit__` of a
-context manager could not be rebuilt later in the block)."""
+context manager could not be rebuilt later in the block; an `except*` clause's matching and
+re-raising of exception groups)."""
 
 
 class _Probe(Emitter):
@@ -629,5 +756,7 @@ def _emit_unsupported(cg: CodeBuilder, inst: Inst, kw_names: tuple[str, ...]) ->
         cg.call(inst.arg, kw_names)
     elif inst.op is Op.CALL_FUNCTION_EX:
         cg.call_ex(bool(inst.arg & 1))
+    elif inst.op is Op.LOAD_METHOD:  # the bound method; its NULL is pushed back by position
+        cg.load_attr(inst.argval)
     else:
         cg.replay(inst)

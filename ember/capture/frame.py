@@ -8,13 +8,15 @@ This is the capture stage's pipeline, in order:
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import dis
 import functools
 import io
 import itertools
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -26,6 +28,7 @@ from ember.capture import stats
 from ember.capture.cache import CacheEntry
 from ember.capture.codegen import (
     BreakSite,
+    CallerSite,
     Handler,
     build_break_replacement,
     build_replacement,
@@ -34,6 +37,7 @@ from ember.capture.codegen import (
 )
 from ember.capture.guards import build_guard_function
 from ember.capture.handlers.control import enters_in_python
+from ember.capture.nested import frame_function
 from ember.capture.resume import (
     StackSlot,
     handler_at,
@@ -41,7 +45,12 @@ from ember.capture.resume import (
     make_resume_function,
 )
 from ember.capture.shapes import DynamicPolicy, SizeRecord
-from ember.capture.translator import CaptureContext, RestartCapture, root_translator
+from ember.capture.translator import (
+    CaptureContext,
+    NestedStop,
+    RestartCapture,
+    root_translator,
+)
 from ember.capture.values.exceptions import TracedRaise
 from ember.capture.values.iterators import settle_iterators
 from ember.capture.values.objects import CellValue
@@ -78,57 +87,22 @@ def capture_call(
     """Capture `fn(*args, **kwargs)`. With `wrap` (how to compile a resume function), an
     unsupported instruction becomes a graph break; without it, Unsupported propagates.
     `policy` says which argument sizes are symbols (ember/capture/shapes.py)."""
-    grad_mode = torch.is_grad_enabled()
-    try:
-        ctx, tracer, result = _translate(fn, args, kwargs, wrap is not None, policy)
-        brk = tracer.graph_break
-        mode_at_break = torch.is_grad_enabled()  # where the capture stopped or returned
-        if brk is not None:
-            _check_resumable(fn, tracer)
-            cells = _live_cells(fn, tracer)
-            names = _live_after(fn, tracer)
-            kept = {k: v for k, v in tracer.locals.items() if k in names}
-            live = [*tracer.stack, *kept.values(), *cells.values()]
-            _settle_iterators(tracer, live)
-        else:
-            live = [result]
-        outputs = live_tensors([*live, *ctx.effects.pending_values()])
-        harvest = ctx.out.harvest(outputs)
-    finally:
-        torch_compat.set_grad_enabled(grad_mode)
-    compiled_name = None
+    stop_before = None
+    while True:
+        try:
+            ctx, tracer, brk, harvest, compiled_name, code = _capture(
+                fn, args, kwargs, wrap, policy, stop_before
+            )
+            break
+        except _BreakInCaller as retry:  # break code for the inlined frame failed
+            stop_before = retry.stop
     graph = None
-    if not harvest.is_empty():
+    if compiled_name is not None:
         graph = harvest.gm
-        compiled_name = f"__compiled_fn_{next(_counter)}"
         if logs.enabled("graph_code"):
             logs.log("graph_code", "TRACED GRAPH %s\n%s", compiled_name, graph_code(graph))
         compiled = _compile_graph(backend, graph, harvest.example_inputs)
         fn.__globals__[compiled_name] = compiled
-    if brk is None:
-        changed = mode_at_break if mode_at_break != grad_mode else None
-        code = build_replacement(
-            fn.__code__, compiled_name, harvest, ctx.effects, result, changed, tracer.raised
-        )
-    else:
-        logs.log("graph_breaks", "graph break in %s: %s", fn.__qualname__, brk.reason)
-        untouched = [k for k in tracer._lazy_args if k in names]
-        site = BreakSite(
-            brk.inst,
-            tracer.stack,
-            kept,
-            untouched,
-            tracer.kw_names,
-            cells,
-            functools.partial(_install_resume, fn, tracer, wrap),
-            wrap,
-            mode_at_break if mode_at_break != grad_mode else None,
-            _handler(fn, tracer),
-        )
-        try:
-            code = build_break_replacement(fn.__code__, compiled_name, harvest, ctx.effects, site)
-        except Unsupported as exc:  # the break's own reason first: it is what to change
-            raise _runs_eagerly(brk.reason, f"and at the break, {exc.detail}") from exc
     ctx.out.guard_sizes()
     guard = build_guard_function(ctx.guards, fn)
     if logs.enabled("guards"):
@@ -164,27 +138,112 @@ def capture_call(
     return entry
 
 
+class _BreakInCaller(Exception):
+    """Break code for a break taken in an inlined frame cannot be made (a value of that
+    frame cannot be rebuilt, an iterator cannot be settled): capture again and take the
+    break in its caller, at the call."""
+
+    def __init__(self, stop: tuple[int, Unsupported]) -> None:
+        super().__init__("take the break in the caller")
+        self.stop = stop
+
+
+def _capture(
+    fn: types.FunctionType,
+    args: tuple,
+    kwargs: dict,
+    wrap: Callable[[types.FunctionType], Callable[..., Any]] | None,
+    policy: DynamicPolicy | None,
+    stop_before: tuple[int, Unsupported] | None,
+) -> tuple:
+    """Translate, harvest the graph and make the replacement code (before the backend
+    compiles the graph: break code that cannot be made changes what the graph holds)."""
+    grad_mode = torch.is_grad_enabled()
+    try:
+        ctx, frames, result = _translate(fn, args, kwargs, wrap is not None, policy, stop_before)
+        tracer, host = frames[0], frames[-1]
+        brk = host.graph_break
+        mode_at_break = torch.is_grad_enabled()  # where the capture stopped or returned
+        if brk is not None:
+            _check_resumable(host)
+            parts = [
+                _FrameAtBreak.of(fn if tx is tracer else frame_function(tx), tx, tx is host)
+                for tx in frames
+            ]
+            live = [v for part in parts for v in part.values()]
+            with _in_caller_on_failure(frames):
+                _settle_iterators(host, live)
+        else:
+            live = [result]
+        outputs = live_tensors([*live, *ctx.effects.pending_values()])
+        harvest = ctx.out.harvest(outputs)
+    finally:
+        torch_compat.set_grad_enabled(grad_mode)
+    compiled_name = None if harvest.is_empty() else f"__compiled_fn_{next(_counter)}"
+    if brk is None:
+        changed = mode_at_break if mode_at_break != grad_mode else None
+        code = build_replacement(
+            fn.__code__, compiled_name, harvest, ctx.effects, result, changed, tracer.raised
+        )
+        return ctx, tracer, brk, harvest, compiled_name, code
+    logs.log("graph_breaks", "graph break in %s: %s", fn.__qualname__, brk.reason)
+    *callers, at = parts
+    site = BreakSite(
+        brk.inst,
+        host.stack,
+        at.kept,
+        at.untouched,
+        host.kw_names,
+        at.cells,
+        functools.partial(_install_resume, at.fn, host, wrap),
+        wrap,
+        mode_at_break if mode_at_break != grad_mode else None,
+        _handler(at.fn.__code__, host),
+        [part.caller(wrap) for part in callers],
+    )
+    try:
+        with _in_caller_on_failure(frames):
+            code = build_break_replacement(fn.__code__, compiled_name, harvest, ctx.effects, site)
+    except Unsupported as exc:  # the break's own reason first: it is what to change
+        raise _runs_eagerly(brk.reason, f"and at the break, {exc.detail}") from exc
+    return ctx, tracer, brk, harvest, compiled_name, code
+
+
+@contextlib.contextmanager
+def _in_caller_on_failure(frames: tuple) -> Iterator[None]:
+    """Where the break is taken in an inlined frame, a failure to hand that frame to CPython
+    takes the break in its caller instead (_BreakInCaller)."""
+    try:
+        yield
+    except Unsupported as exc:
+        if len(frames) == 1:
+            raise
+        raise _BreakInCaller((frames[-2].before, frames[-1].graph_break.reason)) from exc
+
+
 def _translate(
     fn: types.FunctionType,
     args: tuple,
     kwargs: dict,
     allow_break: bool,
     policy: DynamicPolicy | None,
+    stop_before: tuple[int, Unsupported] | None = None,
 ) -> tuple:
     """Run the root translator; again, stopping earlier, while it asks for a restart (a
     break inside a callee, then where a `with` block's manager was made, ...). Each restart
     stops strictly before the last one, so this ends. Again too when the capture writes
     back a changed int it read (a counter): with that int a symbol (a new one each time)."""
     grad_mode = torch.is_grad_enabled()
-    stop_before = None
     while True:
         ctx = CaptureContext.new(fn, policy)
         tracer = root_translator(ctx, fn, args, kwargs, allow_break, stop_before)
         try:
-            result = tracer.run()
+            frames, result = (tracer,), tracer.run()
         except TracedRaise as raised:  # leaves the function: its replacement raises it
             tracer.raised = raised.value
-            result = raised.value
+            frames, result = (tracer,), raised.value
+        except NestedStop as stop:  # the break is taken in an inlined frame
+            frames, result = stop.frames, None
         except RestartCapture as restart:
             torch_compat.set_grad_enabled(grad_mode)
             if stop_before is not None and restart.steps >= stop_before[0]:
@@ -193,41 +252,77 @@ def _translate(
             continue
         counters = ctx.shapes.written_back(ctx.effects.constant_writes(fn.__globals__))
         if not counters:
-            return ctx, tracer, result
+            return ctx, frames, result
         torch_compat.set_grad_enabled(grad_mode)
         policy = policy.with_ints(counters)
 
 
-def _handler(fn: types.FunctionType, tracer: Any) -> Handler | None:
-    """The handler an exception raised by the broken instruction goes to, if any."""
-    entry = handler_at(fn.__code__, tracer.graph_break.inst.offset)
+def _handler(code: types.CodeType, tracer: Any) -> Handler | None:
+    """The handler an exception raised by the frame's current instruction goes to, if any."""
+    entry = handler_at(code, tracer.current.offset)
     if entry is None:
         return None
     target = next(i.index for i in tracer.insts if i.offset == entry.target)
     return Handler(target, entry.depth, entry.lasti)
 
 
-def _live_after(fn: types.FunctionType, tracer: Any) -> frozenset[str]:
-    """The locals read after the break, wherever it continues (both sides of a branch, and
-    the handler an exception goes to). A resume function's own stack parameters are dead
-    once its prologue has run."""
-    inst = tracer.graph_break.inst
-    targets = [inst.index + 1] + ([inst.target] if inst.target is not None else [])
-    handler = _handler(fn, tracer)
-    if handler is not None:
-        targets.append(handler.target)
+@dataclasses.dataclass
+class _FrameAtBreak:
+    """One frame of the chain a break is taken in (capture/nested.py; only the root frame,
+    usually): the function it runs and what travels to its resume function."""
+
+    fn: types.FunctionType
+    tracer: Any
+    kept: dict[str, Any]
+    """The locals read after its current instruction."""
+    untouched: list[str]
+    """Arguments of the root frame never read during capture (still the caller's)."""
+    cells: dict[str, Any]
+
+    @classmethod
+    def of(cls, fn: types.FunctionType, tracer: Any, is_host: bool) -> _FrameAtBreak:
+        inst = tracer.current
+        targets = [inst.index + 1]
+        if is_host:  # where else the instruction may continue: a jump, a handler
+            handler = _handler(fn.__code__, tracer)
+            targets += [inst.target] if inst.target is not None else []
+            targets += [handler.target] if handler is not None else []
+        names = _live_at(fn.__code__, tracer.insts, targets)
+        kept = {k: v for k, v in tracer.locals.items() if k in names}
+        untouched = [k for k in tracer._lazy_args if k in names]
+        return cls(fn, tracer, kept, untouched, _live_cells(fn.__code__, tracer))
+
+    def values(self) -> list[Any]:
+        return [*self.tracer.stack, *self.kept.values(), *self.cells.values()]
+
+    def caller(self, wrap: Callable[..., Any]) -> CallerSite:
+        """This frame as the caller of the frame below, continuing after its call."""
+        return CallerSite(
+            self.tracer.current.index + 1,
+            self.tracer.stack,
+            self.kept,
+            self.untouched,
+            self.cells,
+            functools.partial(_install_resume, self.fn, self.tracer, wrap),
+        )
+
+
+def _live_at(code: types.CodeType, insts: list, targets: list[int]) -> frozenset[str]:
+    """The locals read from any of the instructions `targets` on (both sides of a branch,
+    and the handler an exception goes to). A resume function's own stack parameters are
+    dead once its prologue has run."""
     names: frozenset[str] = frozenset()
     for target in targets:
-        if target < len(tracer.insts):
-            names |= live_locals(fn.__code__, tracer.insts[target].offset)
+        if target < len(insts):
+            names |= live_locals(code, insts[target].offset)
     return frozenset(n for n in names if not n.startswith("___stack_"))
 
 
-def _live_cells(fn: types.FunctionType, tracer: Any) -> dict[str, Any]:
+def _live_cells(code: types.CodeType, tracer: Any) -> dict[str, Any]:
     """The contents of the frame's own cells at a break; they travel to the resume function
     like locals (its copied MAKE_CELL instructions make new cells of them)."""
     cells = {}
-    for name in fn.__code__.co_cellvars:
+    for name in code.co_cellvars:
         cell = tracer.cells.get(name)
         if isinstance(cell, CellValue) and cell.contents is not None:
             cells[name] = cell.contents
@@ -247,7 +342,7 @@ def _runs_eagerly(reason: Unsupported, why: str) -> Unsupported:
     return exc
 
 
-def _check_resumable(fn: types.FunctionType, tracer: Any) -> None:
+def _check_resumable(tracer: Any) -> None:
     """Inside try and `with` blocks a break resumes: the break code sends an exception of
     the instruction to a resume function at the block's handler, and the resume functions'
     copies of the code keep the blocks. A `with` block needs its `__exit__` on the stack:

@@ -22,6 +22,43 @@ from ember.capture.values.base import ConstantValue
 from ember.capture.values.tensor import TensorValue
 from ember.meta import to_meta
 
+_RANDOM_FUNCTIONS = frozenset(
+    [
+        *(
+            getattr(torch, name)
+            for name in (
+                "rand randn randint rand_like randn_like randint_like randperm bernoulli "
+                "multinomial normal poisson dropout alpha_dropout feature_dropout "
+                "feature_alpha_dropout native_dropout rrelu rrelu_"
+            ).split()
+            if hasattr(torch, name)
+        ),
+        *(
+            getattr(torch.nn.functional, name)
+            for name in (
+                "dropout dropout1d dropout2d dropout3d alpha_dropout feature_alpha_dropout "
+                "rrelu rrelu_ gumbel_softmax"
+            ).split()
+        ),
+    ]
+)
+_RANDOM_METHODS = frozenset(
+    "uniform_ normal_ bernoulli bernoulli_ random_ exponential_ geometric_ log_normal_ "
+    "cauchy_ multinomial".split()
+)
+
+
+def draws_random(node: torch.fx.Node) -> bool:
+    """Whether the node may draw from the global generator (conservatively: a dropout in
+    eval mode counts too). The order of draws is program state: work moved ahead of code
+    that also draws would change both results."""
+    if node.op == "call_method":
+        return node.target in _RANDOM_METHODS
+    try:
+        return node.op == "call_function" and node.target in _RANDOM_FUNCTIONS
+    except TypeError:  # an unhashable target
+        return False
+
 
 @dataclasses.dataclass(slots=True)
 class GraphInput:

@@ -36,6 +36,7 @@ from ember.capture.values.exceptions import (
     ExceptionValue,
     TracedRaise,
     from_missing_attribute,
+    leaving_generator,
     python_error,
 )
 from ember.capture.values.functions import RealCell
@@ -63,12 +64,23 @@ class Checkpoint:
 
 class RestartCapture(Exception):
     """The root frame cannot be put back as it was before a failed instruction (the ledger
-    or containers changed part-way through it): the capture runs again and stops there."""
+    or containers changed part-way through it, or an inlined call broke): the capture runs
+    again and stops before the instruction `steps` steps in (counted over all frames)."""
 
     def __init__(self, steps: int, reason: Unsupported) -> None:
         super().__init__(f"restart before step {steps}")
         self.steps = steps
         self.reason = reason
+
+
+class NestedStop(Exception):
+    """The capture stops inside an inlined call (capture/nested.py): the frame that breaks
+    has `graph_break` set, and unwinding leaves each frame above it as it was at its call,
+    the call's operands taken off its stack."""
+
+    def __init__(self, frames: tuple[Translator, ...]) -> None:
+        super().__init__("graph break in an inlined frame")
+        self.frames = frames
 
 
 @dataclasses.dataclass(slots=True)
@@ -90,6 +102,15 @@ class CaptureContext:
     handling: Value | None = None
     """The exception an `except`/`finally`/`with` handler of the trace is handling (what
     `sys.exc_info()` would give); None outside them."""
+    steps: int = 0
+    """Instructions stepped so far, in all frames: where a capture run again stops."""
+    stop_before: tuple[int, Unsupported] | None = None
+    """(steps, reason): break before the instruction after that many steps."""
+    frames: list[Translator] = dataclasses.field(default_factory=list)
+    """The frames running now, the root first: the frame that steps, and its callers (a
+    generator's frame sits under the frame that pulls it)."""
+    broken: tuple[Unsupported, tuple[Translator, ...]] | None = None
+    """The last break and the frames that were running when its instruction failed."""
 
     def __post_init__(self) -> None:
         self.builder = ValueBuilder(self)
@@ -129,14 +150,17 @@ class Translator:
         self.current: Inst | None = None
         self._lazy_args = lazy_args or {}
         self._steps = 0
+        self.before = 0
+        """The instructions stepped (in all frames) before the current one."""
+        self.calling: Value | None = None
+        """The callable of the call instruction this frame is running (read while the
+        callee's frame runs, capture/nested.py)."""
         self.allow_break = False
         self.graph_break: GraphBreak | None = None
         self.yielded: list[Value] | None = None
         """What a generator frame has yielded so far (None: not a generator frame)."""
         self._step_serials: list[tuple[int, int]] = []
         """(steps before, first serial of the values made by) each root instruction."""
-        self.stop_before: tuple[int, Unsupported] | None = None
-        """(steps, reason): break before the instruction after that many steps."""
 
     # stack
     def push(self, value: Value) -> None:
@@ -223,25 +247,40 @@ class Translator:
     def run(self) -> Value | None:
         """Interpret until RETURN. The root frame of a capture that allows graph breaks
         stops at the first unsupported instruction instead, leaving `self.graph_break` set
-        and the frame as it was just before that instruction; it then returns None."""
+        and the frame as it was just before that instruction; it then returns None. A
+        capture run again may stop in an inlined frame instead (NestedStop)."""
+        self.ctx.frames.append(self)
+        try:
+            return self._run()
+        finally:
+            self.ctx.frames.pop()
+
+    def _run(self) -> Value | None:
         from ember.capture.handlers import HANDLERS
 
         while self.returned is None:
-            if self.stop_before is not None and self._steps == self.stop_before[0]:
+            stop = self.ctx.stop_before
+            if stop is not None and self.ctx.steps == stop[0]:
+                self.ctx.stop_before = None
                 self.current = self.insts[self.ip]
-                reason = self.stop_before[1].at(*self.location())
+                reason = stop[1].at(*self.location())
+                if len(self.ctx.frames) > 1:
+                    self._stop_nested(reason)
                 self._end_before_lost_blocks(reason)
                 self.graph_break = GraphBreak(self.current, reason)
                 return None
             checkpoint = self._checkpoint() if self.allow_break else None
+            self.before = self.ctx.steps
             if self.allow_break:
-                self._step_serials.append((self._steps, next_serial()))
+                self._step_serials.append((self.before, next_serial()))
             if self.ip >= len(self.insts):
                 raise Unsupported(BreakReason.DYNAMIC_CONTROL_FLOW, "fell off the end of code")
             inst = self.insts[self.ip]
             self.current = inst
+            self.calling = None
             self.ip += 1
             self._steps += 1
+            self.ctx.steps += 1
             if self._steps > MAX_STEPS:
                 raise Unsupported(
                     BreakReason.DYNAMIC_CONTROL_FLOW,
@@ -280,13 +319,17 @@ class Translator:
                 where, text = self.location()
                 exc.at(where, text)
                 exc.user_stack.append(f"{where} in {self.code.co_name}: {text}")
+                if len(exc.user_stack) == 1:  # the frame whose instruction failed
+                    self.ctx.broken = (exc, tuple(self.ctx.frames))
                 if checkpoint is None:
                     raise
                 if len(exc.user_stack) > 1 or not self._restore(checkpoint):
                     # an inlined call broke part-way (it may have advanced iterators or
                     # filled containers it shares with this frame), or the instruction
-                    # recorded mutations: capture again from the start and stop before it
-                    raise RestartCapture(self._steps - 1, exc) from exc
+                    # recorded mutations: capture again from the start and stop before it,
+                    # or before the instruction of the inlined frame that the break can be
+                    # taken in
+                    raise RestartCapture(self._break_step(exc), exc) from exc
                 self._end_before_lost_blocks(exc)
                 self.graph_break = GraphBreak(inst, exc)
                 return None
@@ -294,7 +337,32 @@ class Translator:
 
     def steps_before_current(self) -> int:
         """The steps taken before the current instruction (what `stop_before` counts)."""
-        return self._steps - 1
+        return self.before
+
+    def _break_step(self, exc: Unsupported) -> int:
+        """Where the capture run again stops for a break that reached this root frame: the
+        current instruction of the deepest frame of the failure that can take it
+        (capture/nested.py), this frame's own at worst."""
+        from ember.capture.nested import host_depth
+
+        broken = self.ctx.broken
+        if broken is None or broken[0] is not exc or broken[1][0] is not self:
+            return self.before
+        chain = broken[1]
+        return chain[host_depth(chain)].before
+
+    def _stop_nested(self, reason: Unsupported) -> None:
+        """The capture run again reached the inlined instruction to break at: end it here
+        (NestedStop), or, should the frames now show that this frame cannot take the break,
+        run it again to stop in a caller."""
+        from ember.capture.nested import host_depth
+
+        chain = tuple(self.ctx.frames)
+        host = chain[host_depth(chain)]
+        if host is not self:
+            raise RestartCapture(host.before, reason)
+        self.graph_break = GraphBreak(self.current, reason)
+        raise NestedStop(chain)
 
     def handled_in_trace(self) -> bool:
         """Whether an exception raised now would reach a handler of a traced frame (this
@@ -327,6 +395,10 @@ class Translator:
         message is ember's wording of a builtin's is raised by CPython instead: the capture
         runs again and breaks at the instruction that raised it."""
         exc = raised.value
+        if self.yielded is not None:  # a generator's frame (PEP 479)
+            converted = leaving_generator(exc)
+            if converted is not exc:
+                raise TracedRaise(converted) from raised
         if self.parent is not None:
             raise raised
         message = exc.args[0].as_constant() if exc.args and exc.args[0].is_constant() else ""
@@ -507,7 +579,7 @@ def root_translator(
     for index, (name, cell) in enumerate(zip(fn.__code__.co_freevars, fn.__closure__ or ())):
         cells[name] = RealCell(cell, CellSource(name, index))
     ctx.guards.add(GuardKind.GRAD_MODE, None, torch.is_grad_enabled())
+    ctx.stop_before = stop_before
     tracer = Translator(ctx, fn.__code__, fn.__globals__, {}, cells, lazy_args=lazy)
     tracer.allow_break = allow_break
-    tracer.stop_before = stop_before
     return tracer

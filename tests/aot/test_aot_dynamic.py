@@ -139,3 +139,98 @@ def test_symbolic_float_runs_uncompiled_with_a_reason():
             x = torch.randn(n, n + 1)
             torch.testing.assert_close(compiled(x), _scaled(x))
     assert len(graphs) == 1
+
+
+class _Layer(nn.Module):
+    """Attention written out with views (-1 among their sizes), then an MLP."""
+
+    def __init__(self, d: int = 16, heads: int = 4) -> None:
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d))
+        self.heads = heads
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.reshape(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
+        att = torch.softmax(q @ k.transpose(-2, -1) * 0.5, -1) @ v
+        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp(self.ln2(x).view(-1, d)).view(b, t, d)
+
+
+def _layouts(gm: torch.fx.GraphModule) -> list[str]:
+    def text(v):
+        if isinstance(v, torch.Tensor):
+            return f"{v.dtype} {tuple(v.shape)} {v.stride()} {v.storage_offset()}"
+        return str(v)
+
+    return [
+        f"{n.format_node()} :: {[text(v) for v in torch.utils._pytree.tree_leaves(n.meta['val'])]}"
+        for n in gm.graph.nodes
+        if "val" in n.meta
+    ]
+
+
+def _gpt2_tiny():
+    import warnings
+
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = transformers.GPT2Config(n_layer=2, n_head=4, n_embd=32, vocab_size=256)
+        model = transformers.GPT2Model(cfg).eval()
+
+    def run(ids):
+        return model(input_ids=ids, use_cache=False).last_hidden_state
+
+    return run, lambda b, t: torch.randint(0, 256, (b, t))
+
+
+@pytest.mark.parametrize("case", ["layers", "layers training", "gpt2"])
+def test_symbolic_meta_shortcuts_trace_the_same_graph(monkeypatch, case):
+    """The symbolic trace's shortcuts (aot/symbolic_meta.py: layouts recalled from an
+    earlier op on the same layouts, views of contiguous tensors, elementwise ops on
+    contiguous operands, products, layer norms) give every node the layout the meta kernels
+    give it: the same graphs, node for node, with and without them."""
+    from ember.aot import symbolic_meta
+
+    torch.manual_seed(0)
+    training = case == "layers training"
+    if case == "gpt2":
+        fn, make = _gpt2_tiny()
+    else:
+        fn = nn.Sequential(_Layer(), _Layer()).train(training)
+        make = lambda b, t: torch.randn(b, t, 16, requires_grad=training)  # noqa: E731
+    traced = {}
+    for enabled in (True, False):
+        monkeypatch.setattr(symbolic_meta, "ENABLED", enabled)
+        symbolic_meta.stats.clear()
+        torch._dynamo.reset()
+        rec = Recording()
+
+        def backend(gm, example_inputs, rec=rec):
+            return aot_compile(gm, example_inputs, rec)
+
+        # marked rather than dynamic=True, under which Dynamo makes LayerNorm's eps an input
+        compiled = torch.compile(fn, backend=backend)
+        for b, t in ((2, 3), (3, 7)):
+            x = make(b, t)
+            torch._dynamo.mark_dynamic(x, [0, 1])
+            with torch.set_grad_enabled(training):
+                out = compiled(x)
+                torch.testing.assert_close(out, fn(x))
+            if training:
+                out.sum().backward()
+        traced[enabled] = [_layouts(gm) for gm, _ in rec.graphs]
+        if enabled:
+            assert symbolic_meta.stats["recalled"] > 10
+            assert symbolic_meta.stats["contiguous_view"] > 3
+            assert symbolic_meta.stats["pointwise"] > 3
+            assert symbolic_meta.stats["matmul"] >= 4
+            assert symbolic_meta.stats["layer_norm"] >= 1
+    assert len(traced[True]) == (2 if training else 1)
+    assert traced[True] == traced[False]

@@ -8,12 +8,16 @@ with eager's, and asserts the normalization and pooling ops are no longer aten f
 from __future__ import annotations
 
 import copy
+import logging
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+import ember
+from ember import config
+from ember.backend.codegen import wrapper
 from ember.backend.compile import record, stats
 from tests.backend.helpers import compile_ember, extern_ops
 
@@ -199,6 +203,7 @@ POOLS = {
         lambda x: F.max_pool2d(x, 3, 2, 1),
         lambda x: F.max_pool2d(x, 2),
         lambda x: F.max_pool2d(x, 3, 2, ceil_mode=True),
+        lambda x: F.max_pool2d(x, 8, 1),  # 64 taps (lowering was exponential in the taps)
     ],
     "avg": [
         lambda x: F.avg_pool2d(x, 3, 2, 1),
@@ -210,11 +215,13 @@ POOLS = {
 }
 
 
+@pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last], ids=str)
 @pytest.mark.parametrize("kind", list(POOLS))
-def test_pooling_values_and_gradients(kind):
+def test_pooling_values_and_gradients(kind, fmt):
     """Forward and input gradient of padded, unpadded and ceil-mode pooling after a ReLU
     (fused into the pooling), with ties (the ReLU's zeros) and NaN in the input; the
-    backward reads the indices the lowered max pool saved."""
+    backward reads the indices the lowered max pool saved. NCHW pooling reads a padded
+    copy, channels-last pooling masked taps."""
 
     def fn(t):
         return [pool(torch.relu(t)) for pool in POOLS[kind]]
@@ -223,7 +230,7 @@ def test_pooling_values_and_gradients(kind):
     x = torch.randn(2, 3, 9, 11)
     x[0, 0, 2, 3] = float("nan")
     x[1, 2, 4:6, 4:6] = 0.0
-    x = x.requires_grad_(True)
+    x = x.contiguous(memory_format=fmt).requires_grad_(True)
     twin = x.detach().clone().requires_grad_(True)
     want = fn(x)
     grads = [torch.randn_like(w) for w in want]
@@ -245,7 +252,8 @@ def test_pooling_dtypes_and_channels_last(dtype):
 
     def fn(t):
         pooled = F.max_pool2d(t, 3, 2, 1) + F.avg_pool2d(t, 2) + F.adaptive_avg_pool2d(t, 1)
-        return pooled, F.max_pool2d(t, 2, 1, dilation=2)
+        # the global pool returned as it is: eager's strides, channels-last on size-1 dims
+        return pooled, F.max_pool2d(t, 2, 1, dilation=2), F.adaptive_avg_pool2d(t, 1)
 
     with torch.no_grad():
         _eval_matches(fn, x)
@@ -278,3 +286,121 @@ def test_small_resnet_training_then_eval():
     model.eval()
     with torch.no_grad():
         _eval_matches(model, x)
+
+
+@pytest.fixture
+def wrapper_calls(monkeypatch) -> dict:
+    """Records what the wrappers compiled while the test runs ask of torch: the memory
+    format of each convolution's input, and each layout copy `_fix` makes of a library
+    result that came back in other strides than the kernels were generated for."""
+    seen: dict = {"conv_inputs": [], "copies": 0}
+    instantiate = wrapper.instantiate
+
+    def conv(x, *args):
+        cl = x.is_contiguous(memory_format=torch.channels_last)
+        seen["conv_inputs"].append("channels_last" if cl else "nchw")
+        return torch.convolution(x, *args)
+
+    def fix(t, size, stride):
+        seen["copies"] += tuple(t.stride()) != stride and t.numel() > 1
+        return wrapper._fix(t, size, stride)
+
+    def watched(source, kernels, constants, device=None):
+        call = instantiate(source, kernels, constants, device)
+        scope = call.__globals__
+        for name in [n for n, op in scope.items() if op is torch.convolution]:
+            scope[name] = conv
+        scope["_fix"] = fix
+        return call
+
+    monkeypatch.setattr(wrapper, "instantiate", watched)
+    return seen
+
+
+def _eval_model(model, dtype=torch.float32):
+    model = model.to(dtype)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):  # non-trivial running statistics
+            m.running_mean.uniform_(-1, 1)
+            m.running_var.uniform_(0.5, 2)
+    return model.eval()
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "eager"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_conv_layout_of_an_nchw_net(layout, dtype, wrapper_calls):
+    """EMBER_CONV_LAYOUT=channels_last: every convolution of an NCHW ResNet in eval mode
+    reads a channels-last input, the batch norms, ReLUs, residual adds and pooling between
+    them keep that layout (no copy outside the kernels: each convolution returns what the
+    kernels were generated for), outputs have eager's values and strides; `eager` keeps
+    NCHW throughout."""
+    torch.manual_seed(0)
+    model = _eval_model(SmallResNet(), dtype)
+    x = torch.randn(2, 3, 16, 16, dtype=dtype)
+    with config.patch(conv_layout=layout), torch.no_grad():
+        _eval_matches(model, x)
+    cl = layout == "channels_last" and _eager_returns_channels_last(dtype)
+    got = wrapper_calls["conv_inputs"]
+    assert got == ["channels_last" if cl else "nchw"] * 5, got
+    assert wrapper_calls["copies"] == 0
+
+
+def _eager_returns_channels_last(dtype) -> bool:
+    """Whether eager's convolution gives a channels-last input a channels-last result (its
+    oneDNN kernels do; for bfloat16 without AVX-512 eager may take another path)."""
+    x = torch.randn(2, 3, 8, 8, dtype=dtype).contiguous(memory_format=torch.channels_last)
+    return F.conv2d(x, torch.randn(8, 3, 3, 3, dtype=dtype)).is_contiguous(
+        memory_format=torch.channels_last
+    )
+
+
+class Returns(nn.Module):
+    """Convolutions whose results the graph returns (directly, through a view, after a
+    ReLU and after a pooling), a depthwise and a dilated one, a single channel, a conv
+    reading an NCHW graph input through a ReLU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(4, 6, 3, padding=1)
+        self.depthwise = nn.Conv2d(6, 6, 3, padding=2, dilation=2, groups=6)
+        self.one = nn.Conv2d(6, 1, 1)
+        self.b = nn.Conv2d(1, 5, 3, stride=2)
+
+    def forward(self, x):
+        y = F.relu(self.a(torch.relu(x)))
+        z = self.depthwise(y)
+        one = self.one(z)
+        pooled = F.max_pool2d(F.relu(z), 2)
+        return y, pooled, one.flatten(1), self.b(one) * 2, z
+
+
+def test_conv_layout_outputs_keep_eager_strides():
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 9, 10)
+    with config.patch(conv_layout="channels_last"), torch.no_grad():
+        _eval_matches(Returns(), x)
+
+
+def test_conv_layout_training_steps():
+    """A training step under EMBER_CONV_LAYOUT=channels_last: convolutions whose results
+    the forward saves for the backward keep eager's layout, the others (before a ReLU,
+    which saves its own result) go channels-last; values, gradients and their strides as
+    eager's."""
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 3))
+    with config.patch(conv_layout="channels_last"):
+        _train_steps(SmallResNet(), torch.randn(2, 3, 16, 16))
+        _train_steps(plain, torch.randn(2, 3, 8, 8))
+
+
+def test_conv_layout_decision_is_timed_and_logged(caplog):
+    """EMBER_CONV_LAYOUT=auto (the default): each convolution shape is timed in both
+    layouts and the choice logged; whatever it is, values and strides are eager's."""
+    torch.manual_seed(0)
+    model = _eval_model(nn.Sequential(nn.Conv2d(5, 24, 3), nn.BatchNorm2d(24), nn.ReLU()))
+    ember.set_logs("kernels")
+    with caplog.at_level(logging.DEBUG, logger="ember.kernels"), torch.no_grad():
+        _eval_matches(model, torch.randn(3, 5, 14, 13))
+    (line,) = [r.getMessage() for r in caplog.records if "channels-last" in r.getMessage()]
+    assert line.startswith("convolution (3, 5, 14, 13) * (24, 5, 3, 3)"), line
+    assert line.endswith(("-> channels-last", "-> NCHW")), line

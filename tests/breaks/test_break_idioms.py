@@ -214,8 +214,8 @@ def local_helper_called_twice(x):
 
 
 CASES = [
-    Case(star_kwargs_to_breaking_helper, one, 1, 2, _g_state, _g_reset, eager=0),
-    Case(wraps_decorated_call_with_print, one, 2, 3, _g_state, _g_reset, eager=0),
+    Case(star_kwargs_to_breaking_helper, one, 1, 1, _g_state, _g_reset, eager=0),
+    Case(wraps_decorated_call_with_print, one, 2, 2, _g_state, _g_reset, eager=0),
     Case(
         listcomp_with_print,
         one,

@@ -243,3 +243,29 @@ def test_side_effecting_iterator_across_a_break_runs_eagerly():
 def test_pure_iterator_across_a_break_is_captured(fn):
     counts = check(fn, tensors((2,)))
     assert counts.graphs >= 1 and counts.breaks == 3
+
+
+def p_random_map_with_break_in_loop(x):
+    """Draws in a map's callback and in the loop body interleave eagerly; computing the map
+    ahead of the break would draw all of its numbers first, and both results would differ."""
+    out = []
+    for v in map(lambda i: x + torch.rand(2), range(3)):
+        print("step")
+        out.append(v + torch.rand(2))
+    return out
+
+
+def test_random_iterator_across_a_break_runs_eagerly():
+    """Before: ember pulled the map's remaining items in the graph before the break and
+    returned other numbers than eager. Now the frame runs eagerly, which is right but
+    captures less than Dynamo: Dynamo rebuilds the map lazily at the break (`map(fn, rest)`)
+    and keeps the first pull in a graph of 2 ops. Rebuilding lazy iterators (and the
+    closures they hold) at a break is the missing piece, hence no comparison of counts."""
+    counts = check(
+        p_random_map_with_break_in_loop,
+        tensors((2,)),
+        reset=lambda: torch.manual_seed(0),
+        eager_frames=1,
+        dynamo=False,
+    )
+    assert counts.graphs == 0

@@ -66,7 +66,7 @@ def test_logs_show_triton_source_and_plans(caplog):
 def test_modules_are_cached_on_disk_and_reloaded():
     x = torch.randn(5, 6)
     arts = check(lambda x: x.sigmoid() * 3, x)
-    path = triton_runtime.module_path(arts[0].cpp, torch.device("cpu"))
+    path = triton_runtime.module_path(arts[0].cpp, triton_runtime.device_tag(torch.device("cpu")))
     assert path.is_relative_to(Path(config.current().cache_dir) / "triton")
     assert path.read_text() == arts[0].cpp
     hits = backend_compile.stats["graph_cache_hits"]

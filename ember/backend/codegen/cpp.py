@@ -39,6 +39,7 @@ STORAGE_T = {**VALUE_T, DType.BF16: "ember_bf16"}
 _FLOAT_FN = {  # op -> (float spelling, double spelling)
     U.EXP: ("ember_expf({})", "__builtin_exp({})"),
     U.EXP_SHIFTED: ("ember_expf_shifted({})", "__builtin_exp({})"),
+    U.EXP_SHIFTED_SUMMAND: ("ember_expf_flush({})", "__builtin_exp({})"),
     U.LOG: ("ember_logf({})", "__builtin_log({})"),
     U.TANH: ("ember_tanhf({})", "__builtin_tanh({})"),
     U.ERF: ("ember_erff({})", "__builtin_erf({})"),

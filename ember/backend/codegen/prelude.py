@@ -38,8 +38,8 @@ template <typename T> static inline T ember_min(T a, T b) { return a < b ? a : b
 static inline int64_t ember_imax(int64_t a, int64_t b) { return a > b ? a : b; }
 static inline int64_t ember_imin(int64_t a, int64_t b) { return a < b ? a : b; }
 
-static inline float ember_exp_reduced(float xc, int32_t* k) {
-  /* e^xc = 2^k * e^r with xc = k ln2 + r, |r| <= ln2 / 2; returns e^r (a polynomial). k is
+static inline float ember_expm1_reduced(float xc, int32_t* k) {
+  /* e^xc = 2^k * e^r with xc = k ln2 + r, |r| <= ln2 / 2; returns e^r - 1 (a polynomial). k is
      rounded by adding 1.5 * 2^23, which leaves it in the sum's low mantissa bits: one add
      instead of a rounding instruction and a float-to-int conversion */
   const float magic = 12582912.0f;
@@ -54,7 +54,11 @@ static inline float ember_exp_reduced(float xc, int32_t* k) {
   p = __builtin_fmaf(p, r, 4.1665795894e-2f);
   p = __builtin_fmaf(p, r, 1.6666665459e-1f);
   p = __builtin_fmaf(p, r, 5.0000001201e-1f);
-  return __builtin_fmaf(p, r * r, r) + 1.0f;
+  return __builtin_fmaf(p, r * r, r);
+}
+
+static inline float ember_exp_reduced(float xc, int32_t* k) {
+  return ember_expm1_reduced(xc, k) + 1.0f;
 }
 
 static inline float ember_exp_in_range(float xc) {
@@ -80,20 +84,22 @@ static inline float ember_expf(float x) {
 
 static inline float ember_expf_shifted(float x) {
   /* exp(x) for x <= 0 or NaN (softmax's x - rowmax, tanh's and sigmoid's exp(-|x|)): no
-     overflow path. Subnormal results are kept, as eager's AVX2 kernels keep them, for the
-     price of one multiply: e^r 2^(k+32) is normal for every k >= -150, and the constant
-     2^-32 then rounds it once into the subnormal range */
-  const float lo = -103.972084045410f;
+     overflow path. Subnormal results are kept, as eager's AVX2 kernels keep them, at no
+     cost: e^r 2^-32 is (e^r - 1) 2^-32 + 2^-32, one fma where e^r takes one add (exact: a
+     power of two commutes with rounding), and 2^(k+32) is a normal number for every
+     k >= -150, so the product rounds once, into the subnormal range where it falls there */
+  const float lo = -103.972084045410f, two_m32 = 2.3283064365386963e-10f;
   float xc = x < lo ? lo : x; /* NaN stays NaN */
   int32_t k;
-  float p = ember_exp_reduced(xc, &k);
-  float res = p * ember_bits_f((uint32_t)(k + 159) << 23) * 2.3283064365386963e-10f;
+  float p = __builtin_fmaf(ember_expm1_reduced(xc, &k), two_m32, two_m32);
+  float res = p * ember_bits_f((uint32_t)(k + 159) << 23);
   return x < lo ? 0.0f : res;
 }
 
 static inline float ember_expf_flush(float x) {
   /* exp(x) for x <= 0 or NaN where results under float's normal range do not matter (tanh's
-     exp(-2|x|): tanh is +-1 there): they are 0, one multiply fewer */
+     exp(-2|x|): tanh is +-1 there; log-softmax's sum, which holds a 1): they are 0, one
+     multiply fewer */
   const float lo = -87.3365447505531f;
   float xc = x < lo ? lo : x; /* NaN stays NaN */
   int32_t k;

@@ -122,6 +122,7 @@ _COMBINE = {
 _FLOAT_FN = {
     U.EXP: "tl.exp({})",
     U.EXP_SHIFTED: "tl.exp({})",
+    U.EXP_SHIFTED_SUMMAND: "tl.exp({})",
     U.LOG: "tl.log({})",
     U.TANH: "libdevice.tanh({})",
     U.ERF: "libdevice.erf({})",

@@ -11,9 +11,14 @@ interpreter.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import dataclasses
 import functools
 import hashlib
 import importlib.util
+import inspect
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,18 +93,16 @@ class _InterpretedLibdevice:
         return binary
 
 
-def module_path(source: str, device: torch.device) -> Path:
-    key = hashlib.sha256(f"{source}\n{version()}\n{device_tag(device)}".encode()).hexdigest()
+def module_path(source: str, tag: str) -> Path:
+    key = hashlib.sha256(f"{source}\n{version()}\n{tag}".encode()).hexdigest()
     return Path(config.current().cache_dir) / "triton" / key[:2] / f"ember_{key}.py"
 
 
 _loaded: dict[tuple[Path, bool], Any] = {}
 
 
-def load(source: str, names: list[str], device: torch.device) -> dict[str, Any]:
-    """The module's kernels by name, ready to launch as `kernel[grid](*args, **blocks)`."""
-    path = module_path(source, device)
-    interpret = device.type == "cpu"
+def _module(source: str, tag: str, interpret: bool) -> Any:
+    path = module_path(source, tag)
     module = _loaded.get((path, interpret))
     if module is None:
         try:
@@ -114,4 +117,109 @@ def load(source: str, names: list[str], device: torch.device) -> dict[str, Any]:
         vars(module).update(_bindings(interpret))
         spec.loader.exec_module(module)
         _loaded[(path, interpret)] = module
-    return {name: getattr(module, name) for name in names}
+    return module
+
+
+def load(source: str, names: list[str], device: torch.device) -> dict[str, Any]:
+    """The module's kernels by name, ready to launch as `kernel[grid](*args, **blocks)`."""
+    module = _module(source, device_tag(device), interpret=device.type == "cpu")
+    kernels = {name: getattr(module, name) for name in names}
+    if _recording is not None:
+        kernels = {name: _Recorded(source, name, k, _recording) for name, k in kernels.items()}
+    return kernels
+
+
+# ------------------------------------------------------------ compiling for a GPU ahead
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """What Triton's compiler needs of one launch besides the source: the type of each
+    argument (`*fp32` a pointer, `i64` an int) and the block sizes (constexprs)."""
+
+    source: str
+    kernel: str
+    signature: tuple[tuple[str, str], ...]
+    constexprs: tuple[tuple[str, int], ...]
+
+
+_recording: list[Launch] | None = None
+
+_POINTEE = {
+    torch.float32: "fp32",
+    torch.float64: "fp64",
+    torch.float16: "fp16",
+    torch.bfloat16: "bf16",
+    torch.int64: "i64",
+    torch.int32: "i32",
+    torch.int16: "i16",
+    torch.int8: "i8",
+    torch.uint8: "u8",
+    torch.bool: "i1",
+}
+
+
+def _arg_type(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return "*" + _POINTEE[value.dtype]
+    if isinstance(value, bool | int):
+        return "i32" if -(2**31) <= value < 2**31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    raise TypeError(f"a Triton kernel argument of type {type(value).__name__}")
+
+
+class _Recorded:
+    """A kernel that notes each launch's argument types, then launches it."""
+
+    def __init__(self, source: str, name: str, kernel: Any, log: list[Launch]) -> None:
+        self.source, self.name, self.kernel, self.log = source, name, kernel, log
+
+    def __getitem__(self, grid: Any) -> Any:
+        launcher = self.kernel[grid]
+
+        def launch(*args: Any, **blocks: int) -> Any:
+            params = list(inspect.signature(self.kernel.fn).parameters)
+            signature = tuple((p, _arg_type(a)) for p, a in zip(params, args, strict=False))
+            self.log.append(Launch(self.source, self.name, signature, tuple(blocks.items())))
+            return launcher(*args, **blocks)
+
+        return launch
+
+
+@contextlib.contextmanager
+def record_launches() -> Iterator[list[Launch]]:
+    """Note every launch of kernels loaded inside the block (under the interpreter or on a
+    GPU), for compile_ahead."""
+    global _recording
+    outer, _recording = _recording, []
+    try:
+        yield _recording
+    finally:
+        _recording = outer
+
+
+def compile_ahead(launches: list[Launch], capability: int = 90, workers: int = 4) -> list[Any]:
+    """Each distinct launch compiled by Triton's own compiler for a CUDA device of this
+    compute capability, down to the cubin (ptxas ships with Triton), in a thread pool. No
+    GPU is needed: on a CPU machine this is how the generated kernels are shown to compile
+    for the GPU, beyond what the interpreter accepts."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    target = GPUTarget("cuda", capability, 32)
+    distinct = list(dict.fromkeys(launches))
+
+    def build(launch: Launch) -> Any:
+        module = _module(launch.source, f"sm{capability}", interpret=False)
+        signature = dict(launch.signature) | {name: "constexpr" for name, _ in launch.constexprs}
+        src = ASTSource(
+            fn=getattr(module, launch.kernel),
+            signature=signature,
+            constexprs=dict(launch.constexprs),
+        )
+        return triton.compile(src, target=target)
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(workers, len(distinct)))) as pool:
+        return list(pool.map(build, distinct))

@@ -29,6 +29,7 @@ _FAST = {
     torch.ops.aten.bmm.default: "torch.bmm",
     torch.ops.aten.addmm.default: "torch.addmm",
     torch.ops.aten.baddbmm.default: "torch.baddbmm",
+    torch.ops.aten.convolution.default: "torch.convolution",
 }
 
 

@@ -23,6 +23,7 @@ _UNARY = {
     U.ABS: torch.abs,
     U.EXP: torch.exp,
     U.EXP_SHIFTED: torch.exp,
+    U.EXP_SHIFTED_SUMMAND: torch.exp,
     U.EXPM1: torch.expm1,
     U.LOG: torch.log,
     U.LOG1P: torch.log1p,

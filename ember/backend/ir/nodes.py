@@ -55,6 +55,10 @@ class UnaryOp(enum.Enum):
     EXP = "exp"
     EXP_SHIFTED = "exp_shifted"
     """exp of a value that is <= 0 or NaN (softmax's x - rowmax): no overflow path."""
+    EXP_SHIFTED_SUMMAND = "exp_shifted_summand"
+    """EXP_SHIFTED whose results only enter a sum that is >= 1 (log-softmax's denominator
+    holds exp(0) = 1): a result under float's normal range cannot change that sum, so it
+    may be 0 (one multiply fewer than keeping it subnormal)."""
     EXPM1 = "expm1"
     LOG = "log"
     LOG1P = "log1p"
@@ -109,6 +113,7 @@ TRANSCENDENTAL = frozenset(
     {
         UnaryOp.EXP,
         UnaryOp.EXP_SHIFTED,
+        UnaryOp.EXP_SHIFTED_SUMMAND,
         UnaryOp.LOG,
         UnaryOp.TANH,
         UnaryOp.ERF,

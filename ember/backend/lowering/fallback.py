@@ -107,6 +107,7 @@ def fallback(ctx: LowerCtx, op: Any, args: tuple, kwargs: dict) -> Any:
     return extern(ctx, op, args, kwargs, kind)
 
 
-@register(*(LIBRARY_OPS - {aten.mm.default, aten.bmm.default}))
+# mm/bmm: gemm.py (through decompositions); convolution: layout.py
+@register(*(LIBRARY_OPS - {aten.mm.default, aten.bmm.default, aten.convolution.default}))
 def _library(ctx: LowerCtx, *args: Any, **kwargs: Any) -> Any:
     return extern(ctx, ctx.node.target, args, kwargs, ExternKind.LIBRARY)

@@ -20,6 +20,7 @@ from ember.backend.ir import nodes as ir
 from ember.backend.ir.nodes import DType, Size
 from ember.backend.lowering import (  # noqa: F401  (registers lowerings)
     fallback,
+    layout,
     norms,
     pointwise,
     pooling,
@@ -70,9 +71,12 @@ def _map(a: Any, env: dict) -> Any:
     return a
 
 
-def _lower_call(builder: GraphBuilder, node: torch.fx.Node, env: dict) -> Any:
+def _lower_call(builder: GraphBuilder, node: torch.fx.Node, env: dict, meta: Any = None) -> Any:
+    """Lower one call; `meta`: its result's meta value when not the traced one (strides the
+    layout plan chose)."""
     args, kwargs = _map(node.args, env), _map(node.kwargs, env)
-    meta = _node_meta(node, args, kwargs)
+    if meta is None:
+        meta = _node_meta(node, args, kwargs)
     ctx = LowerCtx(builder, meta, node)
     fn = LOWERINGS.get(node.target)
     if fn is not None:
@@ -84,7 +88,7 @@ def _lower_call(builder: GraphBuilder, node: torch.fx.Node, env: dict) -> Any:
     return fallback.fallback(ctx, node.target, args, kwargs)
 
 
-def _maybe_realize(builder: GraphBuilder, node: torch.fx.Node, value: Any) -> Any:
+def _maybe_realize(builder: GraphBuilder, node: torch.fx.Node, value: Any, meta: Any) -> Any:
     """Materialize a lazy value when inlining it into every user would cost too much: a big
     expression, (with several users) one that reads many buffers, like a residual stream
     that every later layer would otherwise recompute from all of its terms, or one that a
@@ -92,7 +96,9 @@ def _maybe_realize(builder: GraphBuilder, node: torch.fx.Node, value: Any) -> An
     here once, in eager's layout, instead of once per such reader (a transposed GEMM operand
     would otherwise get a transposed copy) and again as a graph output; or a transcendental
     value that a reader broadcasts (rotary embeddings' cos/sin of (seq, dim), read for every
-    batch and head), which inlining would recompute for each element of the reader."""
+    batch and head), which inlining would recompute for each element of the reader.
+    `meta`: the value's meta value with the strides it is written in (eager's, or the
+    layout plan's)."""
     if isinstance(value, LazyValue):
         size, reads, costly = expr_size(value)
         many_users = len(node.users) > 1
@@ -102,8 +108,8 @@ def _maybe_realize(builder: GraphBuilder, node: torch.fx.Node, value: Any) -> An
             or (costly and _broadcast(node, hint_prod(value.size)))
             or _read_from_memory(node)
         ):
-            # in eager's layout: a channels-last activation stays channels-last
-            return builder.realize(value, _eager_stride(node.meta.get("val")))
+            # in eager's layout (a channels-last activation stays channels-last) or the plan's
+            return builder.realize(value, _eager_stride(meta))
     return value
 
 
@@ -170,12 +176,28 @@ def _eager_stride(meta: Any) -> tuple[Size, ...] | None:
     return None
 
 
-def _output(builder: GraphBuilder, value: Any, meta: Any) -> ir.Output | Size | None:
+def _output(
+    builder: GraphBuilder, value: Any, meta: Any, relaid: set[str]
+) -> ir.Output | Size | None:
+    """A graph output in eager's strides: a lazy value written in them, a buffer the
+    layout plan wrote channels-last (`relaid`) copied into them, and a buffer that differs
+    from them only along size-1 dims viewed with them."""
     if value is None or not isinstance(value, BufferValue | LazyValue):
         return value  # None, or a size (a forward graph returns those its backward needs)
+    want = _eager_stride(meta)
+    if (
+        isinstance(value, BufferValue)
+        and value.buffer in relaid
+        and want is not None
+        and not layout.same_strides(value.size, value.layout.stride, want)
+    ):
+        value = LazyValue(value.size, value.dtype, value.load)
     if isinstance(value, LazyValue):
-        value = builder.realize(value, _eager_stride(meta))
-    return ir.Output(value.buffer, value.layout)
+        value = builder.realize(value, want)
+    lay = value.layout
+    if want is not None and lay.stride != want and layout.same_strides(lay.size, lay.stride, want):
+        lay = ir.Layout(lay.size, tuple(want), lay.offset)  # eager's strides of size-1 dims
+    return ir.Output(value.buffer, lay)
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -202,6 +224,8 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> ir.LoopGraph:
     params = tuple(f"in{i}" for i in range(len(placeholders)))
     traced = [symbolic_value(n) for n in placeholders]
     symbols = sources(traced, params) if any(v is not None for v in traced) else {}
+    kept = layout.plan(gm, lambda n: "output" in set(_uses(n)))
+    relaid: set[str] = set()  # buffers written in the plan's layout instead of eager's
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             t = next(inputs)
@@ -219,16 +243,20 @@ def lower(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> ir.LoopGraph:
         elif node.op == "call_function" and isinstance(node.meta.get("val"), torch.SymInt):
             env[node] = expr_of(node.meta["val"])  # size arithmetic: its expression
         elif node.op == "call_function":
+            meta, mark = kept.get(node), len(builder.buffers)
             if node.target is operator.getitem:
                 value = env[node.args[0]][node.args[1]]
             else:
-                value = _lower_call(builder, node, env)
-            env[node] = _maybe_realize(builder, node, value)
+                value = _lower_call(builder, node, env, meta)
+            written = node.meta.get("val") if meta is None else meta
+            env[node] = _maybe_realize(builder, node, value, written)
+            if meta is not None:
+                relaid.update(b.name for b in builder.buffers[mark:])
         elif node.op == "output":
             outs = node.args[0]
             outs = outs if isinstance(outs, list | tuple) else (outs,)
             metas = [o.meta.get("val") if isinstance(o, torch.fx.Node) else None for o in outs]
-            outputs = tuple(_output(builder, _map(o, env), m) for o, m in zip(outs, metas))
+            outputs = tuple(_output(builder, _map(o, env), m, relaid) for o, m in zip(outs, metas))
         else:
             raise NotLowered(f"fx node kind {node.op}")
     used = sizes.symbols(*[o for o in outputs if not isinstance(o, ir.Output)])

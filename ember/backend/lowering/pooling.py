@@ -4,8 +4,11 @@ A pooled element is a fixed, small window of input elements (3x3, 2x2): each win
 a load, so max/avg pooling is one expression per output element that fuses with whatever
 pointwise op follows it. A padded pooling first writes its input into a buffer padded with
 -inf (max) or 0 (avg), with the pointwise ops before it (a batch norm's multiply-add and
-ReLU) computed there once per element. Global average pooling (`adaptive_avg_pool2d` to
-1x1) is a mean over the spatial dims (a reduction), its backward a broadcast.
+ReLU) computed there once per element; except a channels-last max pooling, whose taps read
+the input at positions clamped into it (no condition per tap, the pointwise ops before it
+computed per tap in the same kernel, as Inductor's kernel does). Global average pooling
+(`adaptive_avg_pool2d` to 1x1) is a mean over the spatial dims (a reduction), its backward
+a broadcast.
 
 Not lowered: `max_pool2d_with_indices_backward` and `avg_pool2d_backward`. Written as a
 gather (each input element sums the output positions whose window holds it, with masked
@@ -83,6 +86,24 @@ class _Window:
     def start(self, o: Sequence[sympy.Expr]) -> list[sympy.Expr]:
         return [o[i] * self.s[i] - self.p[i] for i in range(2)]
 
+    def clamped(self, pos: Sequence[sympy.Expr]) -> list[sympy.Expr]:
+        """A tap's position moved onto the nearest input element where it can fall
+        outside; that element is in the same window (padding is at most half the kernel
+        and the last window starts inside the input). Max pooling over such taps gets
+        eager's maximum and index with no condition per tap: clamping is monotone, so the
+        taps still visit the window's elements in row-major order with each element's
+        repeats next to it, and the first maximum and the last NaN are eager's."""
+        out = []
+        for i, p in enumerate(pos):
+            first = p.subs({v: 0 for v in p.free_symbols})
+            last = p.subs({v: self.out[i] - 1 for v in p.free_symbols})
+            if first < 0:
+                p = sympy.Max(p, 0)
+            if last >= self.size[i]:
+                p = sympy.Min(p, self.size[i] - 1)
+            out.append(p)
+        return out
+
     def taps(self, o: Sequence[sympy.Expr]):
         """(tap position, tap number) over the window of output position `o`, row-major."""
         h0, w0 = self.start(o)
@@ -121,6 +142,13 @@ def _padded(ctx: LowerCtx, x: Value, win: _Window, fill: float, dtype: DType) ->
     return ctx.builder.realize(LazyValue(full, dtype, load), _strides_like(full, ctx.meta))
 
 
+def _channels_innermost(meta: Any) -> bool:
+    """Whether the (first) result is channels-last: its innermost loop runs over channels,
+    so a tap's position is the same for a whole vector of them."""
+    out = meta[0] if isinstance(meta, list | tuple) else meta
+    return out.dim() == 4 and out.shape[1] > 1 and out.stride()[1] == 1
+
+
 def _strides_like(size: tuple, meta: Any) -> tuple[int, ...]:
     """Dense strides for `size` in the dim order of the op's (first) output: a channels-last
     pooling reads and writes its padded copy channels-last."""
@@ -141,25 +169,33 @@ def _max_pool(ctx: LowerCtx, x: Value, win: _Window, size: tuple) -> tuple[LazyV
     comp = opmath(dtype)
     width = win.size[1]
     src, shift = x, (0, 0)
-    if win.masked:  # read a copy padded with -inf, which a strict > never picks
+    # channels-last: taps outside the input read the nearest element instead (see
+    # _Window.clamped); NCHW: a copy padded with -inf, which a strict > never picks
+    clamped = win.masked and _channels_innermost(ctx.meta)
+    padded = win.masked and not clamped
+    if padded:
         src, shift = _padded(ctx, x, win, float("-inf"), comp), win.p
 
     def scan(idx) -> tuple[Expr, Expr]:
         lead, o = list(idx[:-2]), idx[-2:]
         best: Expr | None = None
         arg: Expr | None = None
-        if win.masked:  # start from -inf at the window's first in-bounds position
+        if padded:  # start from -inf at the window's first in-bounds position
             best = pw.const(float("-inf"), comp)
             h0, w0 = (sympy.Max(v, 0) for v in win.start(o))
             arg = _index(h0 * width + w0)
         for pos in win.taps(o):
+            pos = win.clamped(pos) if clamped else pos
             v = _tap(src, lead, [pos[0] + shift[0], pos[1] + shift[1]], comp)
             flat = _index(pos[0] * width + pos[1])
             if best is None:
                 best, arg = v, flat
                 continue
             take = pw.bin_(B.LOGICAL_OR, pw.bin_(B.GT, v, best), pw.un(U.ISNAN, v))
-            best, arg = pw.where(take, v, best), pw.where(take, flat, arg)
+            # the running maximum as NaN-propagating maximum(): the same value as taking v,
+            # and each step reads the previous once (where(take, v, best) reads it twice,
+            # and the expression tree doubled with each tap: 24 s to lower a 4x4 window)
+            best, arg = pw.bin_(B.MAXIMUM, best, v), pw.where(take, flat, arg)
         assert best is not None and arg is not None
         return best, arg
 

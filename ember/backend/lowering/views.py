@@ -177,6 +177,22 @@ def _alias(ctx: LowerCtx, x: Value) -> Value:
     return x
 
 
+@register(aten.as_strided.default)
+def _as_strided(ctx: LowerCtx, x: Value, size, stride, offset=None) -> Value:
+    """An as_strided that gives its input's elements new strides only along size-1 dims
+    (the trace of a global pooling that restrides its (N, C, 1, 1) result channels-last):
+    the same elements, whatever storage ember holds them in. Any other as_strided reads
+    eager's storage layout, which ember's buffers need not share: aten runs it."""
+    src = ctx.node.args[0].meta.get("val") if ctx.node.args else None
+    if not isinstance(src, torch.Tensor) or tuple(size) != tuple(src.shape):
+        raise NotLowered("as_strided to other sizes")
+    if offset not in (None, src.storage_offset()):
+        raise NotLowered("as_strided with another storage offset")
+    if not all(s == 1 or same(a, b) for s, a, b in zip(src.shape, stride, src.stride())):
+        raise NotLowered("as_strided that moves elements")
+    return x
+
+
 @register(aten.slice.Tensor)
 def _slice(ctx: LowerCtx, x: Value, dim=0, start=None, end=None, step=1) -> Value:
     n = len(x.size)

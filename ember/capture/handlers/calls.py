@@ -10,6 +10,7 @@ from ember.capture.operators import apply
 from ember.capture.values.base import NullValue, Value
 from ember.capture.values.builtins import BUILTINS
 from ember.capture.values.containers import DictValue, TupleValue
+from ember.capture.values.exceptions import ExceptionValue, leaving_generator
 from ember.capture.values.functions import NestedFunctionValue
 from ember.capture.values.objects import SuperValue
 from ember.errors import BreakReason, Unsupported
@@ -19,6 +20,7 @@ def call_value(tx, fn: Value, args: list[Value], kwargs: dict[str, Value]) -> Va
     """Call a symbolic callable; zero-argument super() needs the frame, so it is done here."""
     if fn.is_constant() and fn.as_constant() is super and not args:
         return _zero_arg_super(tx)
+    tx.calling = fn  # a break inside the callee's frame may resume in it (capture/nested.py)
     return fn.call(tx, args, kwargs)
 
 
@@ -125,6 +127,8 @@ def call_intrinsic_1(tx, inst):
         tx.push(apply(tx, operator.pos, [tx.pop()]))
     elif inst.arg == 6:  # INTRINSIC_LIST_TO_TUPLE
         tx.push(TupleValue(tx.pop().items))
+    elif inst.arg == 3 and isinstance(tx.peek(), ExceptionValue):  # INTRINSIC_STOPITERATION_ERROR
+        tx.push(leaving_generator(tx.pop()))
     else:
         raise Unsupported(
             BreakReason.UNSUPPORTED_OPCODE, f"CALL_INTRINSIC_1 with argument {inst.arg}"

@@ -104,3 +104,31 @@ def with_except_start(tx, inst):
     exit_method, exc = tx.peek(4), tx.peek(1)
     kind = tx.ctx.builder.wrap_const(raised_type(exc))
     tx.push(exit_method.call(tx, [kind, exc, ConstantValue(None)], {}))
+
+
+_EXCEPTION_GROUPS = (
+    "`except*`: exception groups are split and re-raised in Python (this instruction runs "
+    "at a graph break; the handler's body is captured after it)"
+)
+
+
+@handler(Op.CHECK_EG_MATCH)
+def check_eg_match(tx, inst):
+    raise Unsupported(BreakReason.UNSUPPORTED_OPCODE, _EXCEPTION_GROUPS)
+
+
+@handler(Op.PREP_RERAISE_STAR)
+def prep_reraise_star(tx, inst):
+    raise Unsupported(BreakReason.UNSUPPORTED_OPCODE, _EXCEPTION_GROUPS)
+
+
+@handler(Op.CALL_INTRINSIC_2)
+def call_intrinsic_2(tx, inst):
+    """3.12+: INTRINSIC_PREP_RERAISE_STAR (1) is PREP_RERAISE_STAR; the others only appear
+    where generic functions and classes are defined."""
+    if inst.arg == 1:
+        raise Unsupported(BreakReason.UNSUPPORTED_OPCODE, _EXCEPTION_GROUPS)
+    raise Unsupported(
+        BreakReason.UNSUPPORTED_OPCODE,
+        f"CALL_INTRINSIC_2 with argument {inst.arg} (type parameters) is not captured",
+    )

@@ -10,6 +10,7 @@ after the graph ran and the side effects were replayed (capture/frame.py).
 
 from __future__ import annotations
 
+import inspect
 import types
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +63,15 @@ def _check_modelled(cls: type) -> type:
 _C_STATE = ("args", "__cause__", "__context__", "__suppress_context__", "__traceback__")
 
 
+def _c_field(cls: type, name: str) -> bool:
+    """Whether `name` is a field a C exception class keeps (an exception group's `message`
+    and `exceptions`, OSError's `errno`): read from an exception made outside the trace."""
+    found = inspect.getattr_static(cls, name, None)
+    return isinstance(found, (types.MemberDescriptorType, types.GetSetDescriptorType)) and (
+        not from_class_statement(found.__objclass__)
+    )
+
+
 class ExceptionValue(UserObjectValue):
     """An exception object: made by the traced code (`is_new`), or from outside (a resume
     function's handler receives the exception its break code caught). Besides attributes,
@@ -105,7 +115,7 @@ class ExceptionValue(UserObjectValue):
 
     def getattr(self, tx: Translator, name: str) -> Value:
         if not self.is_new:
-            if name in _C_STATE or name in self.fields:
+            if name in _C_STATE or name in self.fields or _c_field(self.cls, name):
                 return tx.ctx.builder.wrap(getattr(self.obj, name), AttrSource(self.source, name))
             return super().getattr(tx, name)
         if name == "args":
@@ -263,6 +273,20 @@ def from_missing_attribute(tx: Translator, missing: MissingAttribute) -> Excepti
     exc = ExceptionValue(AttributeError, [ConstantValue(detail)])
     _mark_synthesized(tx, exc)
     return exc
+
+
+def leaving_generator(exc: ExceptionValue) -> ExceptionValue:
+    """PEP 479: a StopIteration that reaches the end of a generator's frame leaves it as
+    RuntimeError("generator raised StopIteration") caused by it (3.11's interpreter does this
+    as the exception leaves the frame; 3.12+ compile it as the frame's outermost handler,
+    CALL_INTRINSIC_1 INTRINSIC_STOPITERATION_ERROR). Other exceptions pass unchanged."""
+    if not issubclass(exc.cls, StopIteration):
+        return exc
+    error = ExceptionValue(RuntimeError, [ConstantValue("generator raised StopIteration")])
+    error.cause = error.context = exc
+    error.suppress_context = True
+    error.synthesized_at = exc.synthesized_at
+    return error
 
 
 def raised_type(value: Value) -> type | None:

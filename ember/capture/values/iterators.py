@@ -19,6 +19,7 @@ import itertools
 import types
 from typing import TYPE_CHECKING, Any
 
+from ember.capture.output_graph import draws_random
 from ember.capture.values.base import ConstantValue, Value
 from ember.capture.values.containers import IteratorValue, TupleValue, iterator_over
 from ember.errors import BreakReason, Unsupported
@@ -76,17 +77,26 @@ class LazyIterator(IteratorValue):
 
     def settle(self, tx: Translator) -> None:
         """Compute every remaining item now (not consuming them), for a graph break that
-        must hand the rest to CPython. Refused when that would run a side effect early."""
+        must hand the rest to CPython. Refused when that would run a side effect early,
+        random draws included (the code after the break may draw too: moving these ahead
+        would give both other numbers)."""
         effects = tx.ctx.effects
         before = effects.version - effects.advances
+        graph = tx.ctx.out.graph
+        known = set(graph.nodes)
         while self._produce(tx) is not None:
             pass
         if effects.version - effects.advances != before:
-            raise Unsupported(
-                BreakReason.SIDE_EFFECT,
-                f"a {self.describe()} alive at the graph break has side effects when pulled, "
-                "so its items cannot be computed ahead of the code after the break",
-            )
+            what = "has side effects"
+        elif any(draws_random(n) for n in graph.nodes if n not in known):
+            what = "draws random numbers"
+        else:
+            return
+        raise Unsupported(
+            BreakReason.SIDE_EFFECT,
+            f"a {self.describe()} alive at the graph break {what} when pulled, "
+            "so its items cannot be computed ahead of the code after the break",
+        )
 
 
 class MapIterator(LazyIterator):
@@ -225,6 +235,9 @@ class GeneratorIterator(LazyIterator):
             self.returned = self.frame.run()
         except GeneratorSuspended:
             return self.frame.yielded.pop()
+        except Exception:  # raised out of its frame: a finished generator, as in Python
+            self.exhausted = True
+            raise
         return None
 
 

@@ -1,0 +1,246 @@
+"""Channels-last convolutions in NCHW graphs: chosen per convolution shape by timing both
+layouts once, and kept through the kernels between convolutions.
+
+oneDNN convolves a channels-last (NHWC) tensor with its direct kernels; given NCHW it runs
+other, mostly slower ones (bench/convnets.py's shapes: 0.86 vs 3.7 ms for a 3-channel stem,
+1.7 vs 2.0 ms for 32 channels at 32x32, one thread; notes/backend.md). Eager keeps the
+model's layout; Inductor turns every convolution of a CPU graph channels-last. ember
+decides per convolution, as it chooses between GEMM libraries (gemm.py): each shape is
+timed once per process in both layouts (the two calls alternated, best of a few each) and
+channels-last kept where it wins by a margin. The margin runs the other way when the input already
+arrives channels-last, since leaving the layout costs a copy. The choice lands in the
+generated code, so the graph cache keeps it, as it keeps the GEMM choice.
+
+`plan` names the fx nodes whose results are kept channels-last: a convolution chosen so,
+every node that follows the layout of its input (pointwise ops, eval batch norm, pooling)
+when one of its inputs is kept, and such a node read only by kept nodes (a ReLU of the
+graph input before the first convolution). Lowering gives those nodes channels-last meta
+values, so their buffers (realized values, a padded pooling's copy, the convolution's own
+result) are written channels-last, and the convolution lowering below brings its input
+into its result's layout (one copy of an NCHW graph input; a lazy input is written
+channels-last in the first place). Graph outputs keep eager's strides (graph.py `_output`).
+
+Only where that pays: a node the graph returns keeps eager's layout (written in it once,
+never copied back; a training forward returns what its backward saves, and the backward
+graph expects eager's strides), and so does a convolution whose result feeds anything but
+a layout-following op or a convolution (training batch norm's statistics, which ember
+computes in NCHW order).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import operator
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ember import config, logs
+from ember.aot.convolution import eager_memory_format
+from ember.backend.ir.nodes import ExternKind, contiguous_strides
+from ember.backend.lowering.fallback import extern
+from ember.backend.lowering.registry import LowerCtx, register
+from ember.backend.lowering.values import BufferValue, LazyValue, Value
+
+aten = torch.ops.aten
+
+MARGIN = 0.97  # channels-last must take at most this share of the other layout's time
+ROUNDS = 5  # timed calls of each layout, alternated; the best of each counts
+BUDGET_S = 0.025  # timing per shape beyond the first calls: fewer rounds (at least 3) if over
+
+_POOLS = (aten.max_pool2d_with_indices.default, aten.avg_pool2d.default)
+# batch norms and the position of their `training` argument (None: always eval)
+_BATCH_NORMS = {
+    aten._native_batch_norm_legit_no_training.default: None,
+    aten.native_batch_norm.default: 5,
+    aten._native_batch_norm_legit_functional.default: 5,
+    aten._native_batch_norm_legit.default: 5,
+    aten._native_batch_norm_legit.no_stats: 3,
+}
+
+
+def plan(gm: torch.fx.GraphModule, returned: Callable[[torch.fx.Node], bool]) -> dict:
+    """Per fx node kept channels-last, its meta value with channels-last strides (a tuple
+    for multi-output nodes). `returned(node)`: whether the graph returns the node's value
+    (such nodes keep eager's layout: they are written in it once, never copied back)."""
+    mode = config.current().conv_layout
+    kept: dict[torch.fx.Node, Any] = {}
+    convolutions = gm.graph.find_nodes(op="call_function", target=aten.convolution.default)
+    if mode == "eager" or not convolutions:
+        return kept
+    nodes = [n for n in gm.graph.nodes if n.op == "call_function" and not returned(n)]
+    for node in nodes:
+        if node.target is aten.convolution.default:
+            new = _restrided(node.meta.get("val"))
+            if new is None or not all(map(_carries, node.users)) or not _library_keeps(node):
+                continue
+            if mode == "channels_last" or _faster(node, node.args[0] in kept):
+                kept[node] = new
+        elif (node.target is operator.getitem or _follows(node)) and any(
+            a in kept for a in node.all_input_nodes
+        ):
+            new = _restrided(node.meta.get("val"))
+            if new is not None:
+                kept[node] = new
+    # a layout-following node read only by kept nodes (a ReLU before a convolution) is
+    # written channels-last in the first place, not converted by its reader
+    for node in reversed(nodes):
+        if node not in kept and _follows(node) and node.users:
+            if all(_takes(user, node, kept) for user in node.users):
+                new = _restrided(node.meta.get("val"))
+                if new is not None:
+                    kept[node] = new
+    return kept
+
+
+def _takes(user: torch.fx.Node, node: torch.fx.Node, kept: dict) -> bool:
+    """Whether `user` is kept channels-last and reads `node` as such (as a convolution's
+    input, not its weight)."""
+    return user in kept and (user.target is not aten.convolution.default or user.args[0] is node)
+
+
+def _follows(node: torch.fx.Node) -> bool:
+    """Whether the node computes its result in its input's layout as well as in eager's."""
+    if node.op != "call_function":
+        return False
+    if node.target in _BATCH_NORMS:
+        at = _BATCH_NORMS[node.target]
+        return at is None or (len(node.args) > at and node.args[at] is False)
+    return node.target in _POOLS or torch.Tag.pointwise in getattr(node.target, "tags", ())
+
+
+def _carries(user: torch.fx.Node) -> bool:
+    """Whether a reader of a convolution's result keeps (or takes) channels-last as it is."""
+    return user.target is aten.convolution.default or _follows(user)
+
+
+def _restrided(val: Any) -> Any:
+    """`val` with channels-last strides (items of a tuple that are 4-d tensors), or None
+    when nothing changes (not 4-d, symbolic sizes, not dense, already channels-last)."""
+    if isinstance(val, list | tuple):
+        items = [_restrided(v) for v in val]
+        if all(i is None for i in items):
+            return None
+        return type(val)(v if i is None else i for i, v in zip(items, val))
+    if not isinstance(val, torch.Tensor) or val.dim() != 4:
+        return None
+    size = tuple(val.shape)
+    if not all(isinstance(s, int) for s in (*size, *val.stride())):
+        return None
+    if same_strides(size, val.stride(), channels_last_strides(size)):
+        return None
+    if not same_strides(size, val.stride(), contiguous_strides(size)):
+        return None
+    return torch.empty_strided(size, channels_last_strides(size), dtype=val.dtype, device="meta")
+
+
+def channels_last_strides(size: tuple[int, ...]) -> tuple[int, ...]:
+    _, c, h, w = (max(s, 1) for s in size)
+    return (h * w * c, 1, w * c, c)
+
+
+def same_strides(size, a, b) -> bool:
+    """Whether two strides lay out a tensor of `size` alike (size-1 dims do not count)."""
+    return all(s == 1 or x == y for s, x, y in zip(size, a, b))
+
+
+def _library_keeps(node: torch.fx.Node) -> bool:
+    """Whether eager's convolution returns a channels-last result for this convolution of
+    a channels-last input (PyTorch's own backend choice: its oneDNN kernels do, some
+    others for some dtypes do not)."""
+    x, w = (node.args[i].meta["val"] for i in (0, 1))
+    size = tuple(x.shape)
+    x = torch.empty_strided(size, channels_last_strides(size), dtype=x.dtype, device="meta")
+    fmt = eager_memory_format(x, w, *node.args[3:9])
+    return fmt == torch.channels_last
+
+
+def _faster(node: torch.fx.Node, arrives: bool) -> bool:
+    """Whether this convolution runs channels-last (timed once per shape and thread count);
+    `arrives`: its input is channels-last already. The choice is logged."""
+    x, w = (node.args[i].meta["val"] for i in (0, 1))
+    bias = node.args[2].meta["val"] if isinstance(node.args[2], torch.fx.Node) else None
+    if not all(isinstance(s, int) for s in (*x.shape, *w.shape)):
+        return False
+    params = tuple(tuple(p) if isinstance(p, list | tuple) else p for p in node.args[3:9])
+    b_shape = tuple(bias.shape) if bias is not None else None
+    threads = torch.get_num_threads()
+    cl, other = _times(tuple(x.shape), tuple(w.shape), b_shape, params, x.dtype, threads)
+    chosen = cl <= (other / MARGIN if arrives else other * MARGIN)
+    logs.log(
+        "kernels",
+        "convolution %s * %s %s (%s, %d threads): channels-last %.3f ms, NCHW %.3f ms%s -> %s",
+        tuple(x.shape),
+        tuple(w.shape),
+        params,
+        x.dtype,
+        threads,
+        cl * 1e3,
+        other * 1e3,
+        " (input arrives channels-last)" if arrives else "",
+        "channels-last" if chosen else "NCHW",
+    )
+    return chosen
+
+
+@functools.cache
+def _times(x_shape, w_shape, b_shape, params, dtype, threads) -> tuple[float, float]:
+    """(channels-last, NCHW) seconds of one convolution, the best of a few calls each on
+    random data. With one thread the clock is the thread's CPU time: on a shared machine
+    wall-clock minima of a few calls still swing by 3x with preemption (measured under
+    load 8 on 2 cores: 1.7 vs 6.0 ms for the same call), CPU time by a few percent."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(x_shape, generator=gen).to(dtype)
+    w = torch.randn(w_shape, generator=gen).to(dtype)
+    b = torch.randn(b_shape, generator=gen).to(dtype) if b_shape is not None else None
+    inputs = {"cl": x.contiguous(memory_format=torch.channels_last), "nchw": x}
+    best = dict.fromkeys(inputs, math.inf)
+    clock = time.thread_time if threads == 1 else time.perf_counter
+    with torch.no_grad():
+        spent = {}
+        for k, t in inputs.items():  # first calls: allocation, oneDNN's primitive creation
+            start = clock()
+            aten.convolution.default(t, w, b, *params)
+            spent[k] = clock() - start
+        rounds = max(3, min(ROUNDS, int(BUDGET_S / sum(spent.values()))))
+        for _ in range(rounds):
+            for k, t in inputs.items():
+                start = clock()
+                aten.convolution.default(t, w, b, *params)
+                best[k] = min(best[k], clock() - start)
+    return best["cl"], best["nchw"]
+
+
+@register(aten.convolution.default)
+def _convolution(ctx: LowerCtx, x: Value, weight: Value, *rest: Any) -> Any:
+    """The library call, with a 4-d input brought into the memory format of the result the
+    lowering expects (eager's, or channels-last where the plan chose it): an NCHW input of
+    a channels-last convolution is copied once, a lazy one written channels-last."""
+    want = _strides_for(x, ctx.meta)
+    if want is not None and not (
+        isinstance(x, BufferValue) and same_strides(x.size, x.layout.stride, want)
+    ):
+        x = ctx.builder.realize(LazyValue(x.size, x.dtype, x.load), want)
+    return extern(ctx, aten.convolution.default, (x, weight, *rest), {}, ExternKind.LIBRARY)
+
+
+def _strides_for(x: Value, out: Any) -> tuple[int, ...] | None:
+    """The strides a 4-d input must be written in before the call: dense in the memory
+    format of the result `out` where that is NCHW or channels-last (not both, as with one
+    channel) and `x` is lazy or a buffer in the other format; None where it is passed as
+    it is."""
+    if len(x.size) != 4 or not all(isinstance(s, int) for s in (*x.size, *out.stride())):
+        return None
+    size, x_size = tuple(out.shape), tuple(x.size)
+    cl = same_strides(size, out.stride(), channels_last_strides(size))
+    if cl == same_strides(size, out.stride(), contiguous_strides(size)):
+        return None
+    want, other = channels_last_strides, contiguous_strides
+    if not cl:
+        want, other = other, want
+    if isinstance(x, LazyValue) or same_strides(x_size, x.layout.stride, other(x_size)):
+        return want(x_size)
+    return None

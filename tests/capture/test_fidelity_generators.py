@@ -1,0 +1,126 @@
+"""PEP 479 in traced generators: a StopIteration that reaches the end of a generator's frame
+leaves it as RuntimeError("generator raised StopIteration"), caused by the StopIteration
+(3.11's interpreter converts it as the exception leaves the frame; 3.12+ compile the
+conversion into the generator as its outermost handler, CALL_INTRINSIC_1
+INTRINSIC_STOPITERATION_ERROR). Before, the StopIteration escaped the generator: a consumer
+took it for the generator's end (`sum` of fewer items, a silent wrong answer) or it left the
+compiled function instead of the RuntimeError. Each program is compared with eager and with
+Dynamo's capture (fidelity_harness); programs that raise, on the exception and its cause."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fidelity_harness import check, tensors
+
+import ember
+
+OUT: list = []
+
+
+def _state():
+    return list(OUT)
+
+
+def _reset():
+    OUT.clear()
+
+
+class Stop(StopIteration):
+    pass
+
+
+def _next_of_empty(x, it):
+    yield x + 1
+    yield x + next(it)  # StopIteration inside the generator's body
+
+
+def caught_as_runtime_error(x):
+    try:
+        return sum(_next_of_empty(x, iter([])))
+    except RuntimeError as exc:
+        OUT.append((str(exc), type(exc.__cause__).__name__, exc.__suppress_context__))
+        return x * 10
+
+
+def _raises_subclass(x):
+    yield x
+    raise Stop("custom")
+
+
+def subclass_in_a_loop(x):
+    total = x * 0
+    try:
+        for item in _raises_subclass(x):
+            total = total + item
+    except RuntimeError as exc:
+        OUT.append((str(exc), type(exc.__cause__).__name__, str(exc.__cause__)))
+    return total
+
+
+def _helper_raises():
+    raise StopIteration(7)
+
+
+def _through_a_helper(x):
+    yield x
+    _helper_raises()  # the StopIteration crosses an inlined call first
+
+
+def through_a_helper(x):
+    try:
+        return list(_through_a_helper(x))
+    except RuntimeError as exc:
+        OUT.append(repr(exc.__cause__))
+        return [x - 1]
+
+
+def _caught_inside(x, it):
+    try:
+        yield x + next(it)
+    except StopIteration:
+        OUT.append("caught inside")
+        yield x - 1
+
+
+def caught_inside_the_generator(x):
+    return sum(_caught_inside(x, iter([])))
+
+
+def _returns(x):
+    yield x
+    return 5  # StopIteration(5) made by the generator's end: no RuntimeError
+
+
+def a_return_ends_it(x):
+    return sum(_returns(x * 2))
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        caught_as_runtime_error,
+        subclass_in_a_loop,
+        through_a_helper,
+        caught_inside_the_generator,
+        a_return_ends_it,
+    ],
+)
+def test_stop_iteration_in_a_generator(fn):
+    counts = check(fn, tensors((3,)), state=_state, reset=_reset)
+    assert (counts.graphs, counts.breaks) == (1, 0)
+
+
+def leaves_the_function(x):
+    OUT.append("before")
+    return sum(_next_of_empty(x, iter([])))
+
+
+def test_the_runtime_error_leaves_the_compiled_function():
+    compiled = ember.compile(leaves_the_function, backend="eager")
+    for run in (leaves_the_function, compiled, compiled):
+        _reset()
+        with pytest.raises(RuntimeError, match="generator raised StopIteration") as info:
+            run(torch.ones(3))
+        assert type(info.value.__cause__) is StopIteration
+        assert OUT == ["before"]
