@@ -179,9 +179,7 @@ def _capture(
         harvest = ctx.out.harvest(outputs)
     finally:
         torch_compat.set_grad_enabled(grad_mode)
-    compiled_name = None
-    if not harvest.is_empty():
-        compiled_name = f"__compiled_fn_{next(_counter)}"
+    compiled_name = None if harvest.is_empty() else f"__compiled_fn_{next(_counter)}"
     if brk is None:
         changed = mode_at_break if mode_at_break != grad_mode else None
         code = build_replacement(

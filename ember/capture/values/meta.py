@@ -49,9 +49,7 @@ def run_on_meta(kind: str, target: Any, args: list, kwargs: dict) -> Any:
     found = _Inputs()
     try:
         key = (kind, target, _key_of(args, found), _key_of(kwargs, found), _global_state())
-        cache = (
-            _cache if found.env is None else _symbolic_caches.setdefault(found.env, _MetaCache())
-        )
+        cache = _cache if found.env is None else _symbolic_cache(found.env)
         recipe = cache.get(key)
     except (_Uncacheable, TypeError):  # TypeError: an unhashable target or argument
         return _run(kind, target, args, kwargs, _symbolic(args) or _symbolic(kwargs))
