@@ -14,7 +14,7 @@ update is eager everywhere. Method (/work/shared/BENCHMARKING.md): interleaved b
 after the step (training) against eager beside every ratio.
 
     .venv/bin/python bench/convnets.py [--workloads block,resnet,resnet_cl] [--modes infer,train]
-        [--blocks 11] [--threads 2] [--conv-layouts auto,eager]
+        [--blocks 11] [--threads 2] [--conv-layouts auto,eager] [--clock wall|cpu]
 
 `--conv-layouts auto,eager` adds a column of ember with eager's convolution layout
 (EMBER_CONV_LAYOUT=eager) beside the default (auto: channels-last where timed faster).
@@ -124,9 +124,12 @@ def _runner(call, model: nn.Module, inputs, train: bool, returns_loss: bool):
     return step
 
 
-def measure(name: str, train: bool, blocks: int, block_s: float, layouts: list[str]) -> dict:
+def measure(
+    name: str, train: bool, blocks: int, block_s: float, layouts: list[str], clock: str
+) -> dict:
     """Times of eager, Inductor and ember (one variant per EMBER_CONV_LAYOUT value in
-    `layouts`: "ember" for the first, "ember[layout]" for the others)."""
+    `layouts`: "ember" for the first, "ember[layout]" for the others), per call on the
+    `clock` timing.block reports ("per_call": wall; "cpu_per_call": the process's CPU)."""
     base, inputs, returns_loss = workload(name)
     base.train(train)
     runners, models, layout_of = {}, {}, {}
@@ -159,11 +162,14 @@ def measure(name: str, train: bool, blocks: int, block_s: float, layouts: list[s
         fn()
     n = calls_per_block(runners["eager"], (), block_s)
     times: dict[str, list[float]] = {k: [] for k in runners}
+    others: list[float] = []
     for _ in range(blocks):
         for k, fn in runners.items():
-            times[k].append(block(fn, (), n)["per_call"])
+            r = block(fn, (), n)
+            times[k].append(r[clock])
+            others.append(r["others"])
     med = {k: statistics.median(v) for k, v in times.items()}
-    return {"med": med, "diffs": diffs}
+    return {"med": med, "diffs": diffs, "others": statistics.median(others)}
 
 
 def main() -> None:
@@ -178,29 +184,37 @@ def main() -> None:
         default="auto",
         help="EMBER_CONV_LAYOUT values, one ember column each (e.g. auto,eager)",
     )
+    p.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="cpu: the process's CPU time per call (with --threads 1, what a call costs "
+        "on a machine other jobs load: wall-clock medians there moved 10%% between runs)",
+    )
     args = p.parse_args()
+    clock = "per_call" if args.clock == "wall" else "cpu_per_call"
     layouts = args.conv_layouts.split(",")
     extra = [f"ember[{v}]" for v in layouts[1:]]
     warnings.simplefilter("ignore")
     torch.set_num_threads(args.threads)
     torch._dynamo.config.cache_size_limit = 64
-    print(f"torch {torch.__version__}, {args.threads} threads")
+    print(f"torch {torch.__version__}, {args.threads} threads, {args.clock} clock")
     head = "".join(f" {v} | {v}/inductor |" for v in extra)
     print(
         "| workload | mode | eager | inductor | ember | inductor/eager | ember/eager "
-        f"| ember/inductor |{head} max diff (ind, ember) |"
+        f"| ember/inductor |{head} max diff (ind, ember) | CPU used by others |"
     )
-    print("|---|---|---|---|---|---|---|---|" + "---|---|" * len(extra) + "---|")
+    print("|---|---|---|---|---|---|---|---|" + "---|---|" * len(extra) + "---|---|")
     for name in args.workloads.split(","):
         for mode in args.modes.split(","):
-            r = measure(name, mode == "train", args.blocks, args.block_s, layouts)
+            r = measure(name, mode == "train", args.blocks, args.block_s, layouts, clock)
             m, d = r["med"], r["diffs"]
             more = "".join(f" {m[v] * 1e3:.3f} ms | {m['inductor'] / m[v]:.2f}x |" for v in extra)
             print(
                 f"| {name} | {mode} | {m['eager'] * 1e3:.3f} ms | {m['inductor'] * 1e3:.3f} ms "
                 f"| {m['ember'] * 1e3:.3f} ms | {m['eager'] / m['inductor']:.2f}x "
                 f"| {m['eager'] / m['ember']:.2f}x | {m['inductor'] / m['ember']:.2f}x |{more} "
-                f"{d['inductor']:.1e}, {d['ember']:.1e} |",
+                f"{d['inductor']:.1e}, {d['ember']:.1e} | {r['others']:.0%} |",
                 flush=True,
             )
             ember.reset()

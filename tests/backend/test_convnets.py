@@ -357,7 +357,7 @@ def _eager_returns_channels_last(dtype) -> bool:
 class Returns(nn.Module):
     """Convolutions whose results the graph returns (directly, through a view, after a
     ReLU and after a pooling), a depthwise and a dilated one, a single channel, a conv
-    reading an NCHW graph input through a ReLU."""
+    reading an NCHW graph input through a ReLU, a transposed one."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -365,13 +365,14 @@ class Returns(nn.Module):
         self.depthwise = nn.Conv2d(6, 6, 3, padding=2, dilation=2, groups=6)
         self.one = nn.Conv2d(6, 1, 1)
         self.b = nn.Conv2d(1, 5, 3, stride=2)
+        self.up = nn.ConvTranspose2d(5, 3, 2, stride=2)
 
     def forward(self, x):
         y = F.relu(self.a(torch.relu(x)))
         z = self.depthwise(y)
         one = self.one(z)
         pooled = F.max_pool2d(F.relu(z), 2)
-        return y, pooled, one.flatten(1), self.b(one) * 2, z
+        return y, pooled, one.flatten(1), self.up(F.relu(self.b(one))), z
 
 
 def test_conv_layout_outputs_keep_eager_strides():

@@ -86,14 +86,23 @@ def plan(gm: torch.fx.GraphModule, returned: Callable[[torch.fx.Node], bool]) ->
             if new is not None:
                 kept[node] = new
     # a layout-following node read only by kept nodes (a ReLU before a convolution) is
-    # written channels-last in the first place, not converted by its reader
+    # written channels-last in the first place, not converted by its reader; one read only
+    # by convolutions that stay NCHW is written NCHW in the first place
     for node in reversed(nodes):
-        if node not in kept and _follows(node) and node.users:
-            if all(_takes(user, node, kept) for user in node.users):
-                new = _restrided(node.meta.get("val"))
-                if new is not None:
-                    kept[node] = new
+        if not _follows(node) or not node.users:
+            continue
+        taken = [_takes(user, node, kept) for user in node.users]
+        if node not in kept and all(taken):
+            new = _restrided(node.meta.get("val"))
+            if new is not None:
+                kept[node] = new
+        elif node in kept and not any(taken) and all(_convolves(u) for u in node.users):
+            del kept[node]
     return kept
+
+
+def _convolves(user: torch.fx.Node) -> bool:
+    return user.target is aten.convolution.default
 
 
 def _takes(user: torch.fx.Node, node: torch.fx.Node, kept: dict) -> bool:
@@ -114,7 +123,7 @@ def _follows(node: torch.fx.Node) -> bool:
 
 def _carries(user: torch.fx.Node) -> bool:
     """Whether a reader of a convolution's result keeps (or takes) channels-last as it is."""
-    return user.target is aten.convolution.default or _follows(user)
+    return _convolves(user) or _follows(user)
 
 
 def _restrided(val: Any) -> Any:
