@@ -3,9 +3,9 @@
 Per workload (bench/dynamic.py's rows at their bench size: softmax, layer norm, MLP, the
 transformer block, GPT-2 tiny), each round has Dynamo capture the function twice, static
 (`dynamic=False`) and with the row's dims marked dynamic, and ember's backend compile each
-graph as a first compile: a new cache directory, sympy's cache cleared, the process's GEMM
-choices forgotten. Dynamo's capture is not timed. Rounds alternate which variant goes first;
-a first round only warms the process up.
+graph as a first compile: a new cache directory, sympy's and ember's in-memory caches
+cleared, the process's GEMM choices forgotten. Dynamo's capture is not timed. Rounds
+alternate which variant goes first; a first round only warms the process up.
 
 Stages: aot (ember/aot: the trace, functionalization, the runtime: the backend call less
 the stages below), cache key, lowering (to the loop IR, less GEMM timing), gemm choice
@@ -44,7 +44,9 @@ from timing import _cpu_jiffies  # noqa: E402
 
 import ember.backend  # noqa: E402
 from ember import config  # noqa: E402
+from ember.aot import symbolic_meta  # noqa: E402
 from ember.backend import compile as backend_compile  # noqa: E402
+from ember.backend import indexing  # noqa: E402
 from ember.backend.compile import cpu_seconds  # noqa: E402
 from ember.backend.lowering import gemm  # noqa: E402
 
@@ -57,6 +59,8 @@ STAGES = {  # compile.py's stage names -> the columns printed
     "g++ and loading the kernels": "g++",
     "loading the wrapper": "g++",
 }
+# what a process remembers across compiles (forgotten before each: every compile a first)
+CACHES = (indexing._simplified, indexing._below, symbolic_meta._result_dtype)
 COLUMNS = ("aot", "cache key", "lowering", "gemm choice", "scheduling", "codegen", "g++")
 
 
@@ -124,6 +128,8 @@ def compile_once(
     `profiler` profiles the backend's calls."""
     torch._dynamo.reset()
     sympy.core.cache.clear_cache()
+    for cache in CACHES:
+        cache.cache_clear()
     choices.forget()
     backend = StagedBackend(choices, profiler)
     compiled = torch.compile(fn, backend=backend, dynamic=None if dynamic else False)
