@@ -60,7 +60,12 @@ STAGES = {  # compile.py's stage names -> the columns printed
     "loading the wrapper": "g++",
 }
 # what a process remembers across compiles (forgotten before each: every compile a first)
-CACHES = (indexing._simplified, indexing._below, symbolic_meta._result_dtype)
+CACHES = (
+    indexing._simplified,
+    indexing._below,
+    symbolic_meta._result_dtype,
+    symbolic_meta._contiguity,
+)
 COLUMNS = ("aot", "cache key", "lowering", "gemm choice", "scheduling", "codegen", "g++")
 
 
