@@ -122,8 +122,12 @@ class SymbolicMeta:
         return None, key
 
     def remember(self, key: Any, args: tuple, out: Any) -> None:
-        if key is not None and _tensors(out) is not None:
-            self._seen[key] = (args[0].storage_offset() if _relative(key[0]) else 0, out)
+        """Keep a meta kernel's result for later ops on the same layouts (not one that
+        returned an input itself: a rebuilt result could not be that input)."""
+        outs = _tensors(out)
+        if key is None or outs is None or any(o is a for o in outs for a in args):
+            return
+        self._seen[key] = (args[0].storage_offset() if _relative(key[0]) else 0, out)
 
 
 def _relative(func: Any) -> bool:
