@@ -10,7 +10,7 @@ shared):
    (the batch/sequence dims marked dynamic) and Inductor's dynamic kernel, interleaved;
    goal: dynamic >= 0.9x static and >= Inductor dynamic;
 3. compile time of the dynamic graph against the static one (first call, empty ember cache;
-   imports warmed beforehand), goal <= 1.5x;
+   imports warmed beforehand), goal <= 1.5x (stage by stage, repeated: dynamic_compile.py);
 4. a loop over 64 sequence lengths of GPT-2 tiny (compile + run, automatic dynamic, empty
    caches): ember.compile and torch.compile with ember's backend against torch.compile
    (Inductor), graphs and total seconds (issue 13's goal: ember at most 1/10 of

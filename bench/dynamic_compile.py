@@ -3,9 +3,9 @@
 Per workload (bench/dynamic.py's rows at their bench size: softmax, layer norm, MLP, the
 transformer block, GPT-2 tiny), each round has Dynamo capture the function twice, static
 (`dynamic=False`) and with the row's dims marked dynamic, and ember's backend compile each
-graph as a first compile: a new cache directory, sympy's cache cleared, the process's GEMM
-choices forgotten. Dynamo's capture is not timed. Rounds alternate which variant goes first;
-a first round only warms the process up.
+graph as a first compile: a new cache directory, sympy's and ember's in-memory caches
+cleared, the process's GEMM choices forgotten. Dynamo's capture is not timed. Rounds
+alternate which variant goes first; a first round only warms the process up.
 
 Stages: aot (ember/aot: the trace, functionalization, the runtime: the backend call less
 the stages below), cache key, lowering (to the loop IR, less GEMM timing), gemm choice
@@ -15,8 +15,9 @@ source), g++ (and loading the library and the wrapper).
 
 Printed per stage: median CPU seconds (this process and its g++ processes: steadier than
 wall time on a shared machine) static / dynamic, and the median over rounds of each round's
-ratio; then the same for the total in CPU and in wall seconds; the load average and the
-share of the CPUs others took.
+ratio; then the same for the total, and the total less the GEMM choice (the same timing in
+both, which hides the rest where it dominates), in CPU and in wall seconds; the load
+average and the share of the CPUs others took.
 
     .venv/bin/python bench/dynamic_compile.py [--only softmax,MLP] [--repeats 7]
     .venv/bin/python bench/dynamic_compile.py --profile "transformer block" [--static]
@@ -44,7 +45,9 @@ from timing import _cpu_jiffies  # noqa: E402
 
 import ember.backend  # noqa: E402
 from ember import config  # noqa: E402
+from ember.aot import symbolic_meta  # noqa: E402
 from ember.backend import compile as backend_compile  # noqa: E402
+from ember.backend import indexing  # noqa: E402
 from ember.backend.compile import cpu_seconds  # noqa: E402
 from ember.backend.lowering import gemm  # noqa: E402
 
@@ -57,6 +60,13 @@ STAGES = {  # compile.py's stage names -> the columns printed
     "g++ and loading the kernels": "g++",
     "loading the wrapper": "g++",
 }
+# what a process remembers across compiles (forgotten before each: every compile a first)
+CACHES = (
+    indexing._simplified,
+    indexing._below,
+    symbolic_meta._result_dtype,
+    symbolic_meta._contiguity,
+)
 COLUMNS = ("aot", "cache key", "lowering", "gemm choice", "scheduling", "codegen", "g++")
 
 
@@ -124,6 +134,8 @@ def compile_once(
     `profiler` profiles the backend's calls."""
     torch._dynamo.reset()
     sympy.core.cache.clear_cache()
+    for cache in CACHES:
+        cache.cache_clear()
     choices.forget()
     backend = StagedBackend(choices, profiler)
     compiled = torch.compile(fn, backend=backend, dynamic=None if dynamic else False)
@@ -136,6 +148,7 @@ def compile_once(
         # at compile (static) and at the first call (a dynamic batch's bucket)
         seconds["gemm choice"] = choices.spent[clock] - before[clock]
         seconds["total"] = sum(seconds[c] for c in COLUMNS)
+        seconds["less gemm"] = seconds["total"] - seconds["gemm choice"]
     return backend.seconds
 
 
@@ -165,7 +178,8 @@ def measure(name: str, repeats: int, choices: GemmTimer) -> str:
     others = max(0.0, (busy1 - busy0) / hz - (cpu_seconds() - own0)) / ((total1 - total0) / hz)
     cells = [
         _cell([r[clock][c] for r in runs[False]], [r[clock][c] for r in runs[True]])
-        for clock, c in [("cpu", c) for c in (*COLUMNS, "total")] + [("wall", "total")]
+        for clock, c in [("cpu", c) for c in (*COLUMNS, "total", "less gemm")]
+        + [("wall", "total"), ("wall", "less gemm")]
     ]
     return f"| {name} | " + " | ".join(cells) + f" | {others:.0%} |"
 
@@ -201,7 +215,8 @@ def main() -> None:
     rows = opts.only.split(",") if opts.only else ROWS
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {opts.repeats} rounds")
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
-    header = [f"{c} (CPU s)" for c in (*COLUMNS, "total")] + ["total (wall s)", "others"]
+    header = [f"{c} (CPU s)" for c in (*COLUMNS, "total", "total less gemm choice")]
+    header += ["total (wall s)", "total less gemm choice (wall s)", "others"]
     print("\nmedian seconds static / dynamic (median of the rounds' ratios)\n")
     print("| workload | " + " | ".join(header) + " |\n|" + "---|" * (len(header) + 1))
     for name in rows:

@@ -18,7 +18,9 @@ exact, leave the rest to the meta kernels:
   result (the others broadcast to it without a guard), is contiguous in that shape; its
   dtype comes from the op run on one-element stand-ins (static: cheap).
 - `matmul`: mm, bmm and addmm whose inner sizes are one expression give a contiguous result;
-  `same_size_expand`: an expand to the sizes a tensor already has is its own layout.
+  `layer_norm` the input's contiguous layout and its statistics'; `like` (_to_copy, the
+  *_like factories) the layout of a contiguous input; `same_size_expand` (to the sizes a
+  tensor has) and `unsqueeze` follow torch's geometry rules.
 
 A shortcut's result is a fresh meta tensor of the recalled layout, or for a view op a view
 of the op's input, as the meta kernel's would be. tests/aot/test_aot_dynamic.py traces
@@ -37,6 +39,7 @@ import torch
 
 from ember.aot.functionalize import is_view_op
 from ember.aot.symbolic import SYM_TYPES
+from ember.meta import META
 
 aten = torch.ops.aten
 
@@ -111,7 +114,7 @@ class SymbolicMeta:
         if key is not None and key in self._seen:
             stats["recalled"] += 1
             return _rebuild(func, args, *self._seen[key]), None
-        for shortcut in (contiguous_view, same_size_expand, pointwise, matmul, layer_norm):
+        for shortcut in _SHORTCUTS:
             out = shortcut(func, args, kwargs)
             if out is not None:
                 stats[shortcut.__name__] += 1
@@ -119,8 +122,12 @@ class SymbolicMeta:
         return None, key
 
     def remember(self, key: Any, args: tuple, out: Any) -> None:
-        if key is not None and _tensors(out) is not None:
-            self._seen[key] = (args[0].storage_offset() if _relative(key[0]) else 0, out)
+        """Keep a meta kernel's result for later ops on the same layouts (not one that
+        returned an input itself: a rebuilt result could not be that input)."""
+        outs = _tensors(out)
+        if key is None or outs is None or any(o is a for o in outs for a in args):
+            return
+        self._seen[key] = (args[0].storage_offset() if _relative(key[0]) else 0, out)
 
 
 def _relative(func: Any) -> bool:
@@ -231,13 +238,30 @@ def _contiguous_numel(t: Any) -> sympy.Expr | None:
     """The element count of a tensor that is provably contiguous, else None."""
     if not isinstance(t, torch.Tensor) or _sym(t.storage_offset()) != 0:
         return None
-    numel = sympy.Integer(1)
-    for s, st in zip(reversed(t.shape), reversed(t.stride())):
-        e = _sym(s)
-        if e != 1 and _sym(st) != numel:
-            return None
+    return _contiguity(*_layout(t))[0]
+
+
+def _canonical(t: torch.Tensor) -> bool:
+    """Contiguous with the strides torch gives a new contiguous tensor (size-1 dims too)."""
+    return _contiguity(*_layout(t))[1]
+
+
+def _layout(t: torch.Tensor) -> tuple[tuple[sympy.Expr, ...], tuple[sympy.Expr, ...]]:
+    return tuple(_sym(s) for s in t.shape), tuple(_sym(s) for s in t.stride())
+
+
+@functools.lru_cache(maxsize=4096)
+def _contiguity(shape: tuple, stride: tuple) -> tuple[sympy.Expr | None, bool]:
+    """(the element count when the layout is contiguous, else None; whether its strides are
+    the ones torch gives a new contiguous tensor, size-1 dims' too). Remembered: sympy's
+    products cost tens of microseconds each, and the same layouts recur op after op."""
+    numel, canonical = sympy.Integer(1), True
+    for e, st in zip(reversed(shape), reversed(stride)):
+        canonical = canonical and st == numel
+        if e != 1 and st != numel:
+            return None, False
         numel = numel * e
-    return numel
+    return numel, canonical
 
 
 def _contiguous_strides(size: Sequence[Any], operands: Sequence[Any] = ()) -> list[Any]:
@@ -297,16 +321,6 @@ def pointwise(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
     if dtype is None:
         return None
     return _fresh(widest.shape, widest.stride(), dtype)
-
-
-def _canonical(t: torch.Tensor) -> bool:
-    """Contiguous with the strides torch gives a new contiguous tensor (size-1 dims too)."""
-    acc = sympy.Integer(1)
-    for s, st in zip(reversed(t.shape), reversed(t.stride())):
-        if _sym(st) != acc:
-            return False
-        acc = acc * _sym(s)
-    return True
 
 
 def _describe(tree: Any) -> Any:
@@ -393,6 +407,49 @@ def layer_norm(func: Any, args: tuple, kwargs: dict) -> tuple[torch.Tensor, ...]
     return out, stats, _fresh(stats.shape, stats.stride(), x.dtype)
 
 
+def unsqueeze(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """unsqueeze: a size-1 dim whose stride is the next dim's extent (1 at the end), as
+    torch's geometry rule gives it."""
+    if func is not aten.unsqueeze.default or kwargs or len(args) != 2:
+        return None
+    src, dim = args
+    n = src.dim()
+    if type(dim) is not int or not -n - 1 <= dim <= n:
+        return None
+    dim %= n + 1
+    size, stride = list(src.shape), list(src.stride())
+    if dim < n:
+        extent = _size_of(_sym(size[dim]) * _sym(stride[dim]), (*size, *stride))
+        new = extent if extent is not None else size[dim] * stride[dim]
+    else:
+        new = 1
+    size.insert(dim, 1)
+    stride.insert(dim, new)
+    return src.as_strided(size, stride, src.storage_offset())
+
+
+_LIKE = (
+    aten._to_copy.default,
+    aten.empty_like.default,
+    aten.zeros_like.default,
+    aten.ones_like.default,
+    aten.full_like.default,
+)
+
+
+def like(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """_to_copy and the *_like factories of a tensor with torch's contiguous strides, in
+    the same (preserved) format: a new tensor of its layout, in the dtype asked for."""
+    if func not in _LIKE or not args or not isinstance(args[0], torch.Tensor):
+        return None
+    src = args[0]
+    plain = kwargs.get("layout") in (None, torch.strided) and kwargs.get("device") in (None, META)
+    formats = (None, torch.preserve_format, torch.contiguous_format)
+    if not plain or kwargs.get("memory_format") not in formats or not _canonical(src):
+        return None
+    return _fresh(src.shape, src.stride(), kwargs.get("dtype") or src.dtype)
+
+
 def _stand_in(described: Any) -> Any:
     kind, *rest = described
     if kind is torch.Tensor:
@@ -403,3 +460,6 @@ def _stand_in(described: Any) -> Any:
     if kind in (list, tuple):
         return kind(_stand_in(a) for a in rest[0])
     return rest[0]
+
+
+_SHORTCUTS = (contiguous_view, same_size_expand, unsqueeze, like, pointwise, matmul, layer_norm)

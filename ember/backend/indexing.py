@@ -7,6 +7,7 @@ keeps printing predictable and cheap.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -132,6 +133,15 @@ def simplify(expr: sympy.Expr, ranges: dict[sympy.Symbol, int]) -> sympy.Expr:
     """
     if not expr.has(FloorDiv, ModIdx):
         return expr
+    return _simplified(expr, frozenset(ranges.items()))
+
+
+@functools.lru_cache(maxsize=4096)
+def _simplified(expr: sympy.Expr, ranges_items: frozenset) -> sympy.Expr:
+    """`simplify`, remembered: the scheduler and the kernel planner simplify the same load
+    indices over the same ranges many times (24 distinct of 122 in a transformer block),
+    and with symbolic sizes each costs milliseconds of sympy."""
+    ranges = dict(ranges_items)
     if isinstance(expr, FloorDiv | ModIdx):
         a = simplify(expr.args[0], ranges)
         d = expr.args[1]
@@ -197,13 +207,48 @@ def _by_size(func, a: sympy.Expr, d: sympy.Expr, ranges) -> sympy.Expr:
     return rest_expr if below else func(rest_expr if keep else a, d)
 
 
+@functools.lru_cache(maxsize=4096)
 def _below(m, d) -> bool:
     """Whether the bound m is provably smaller than d."""
     if m == float("inf"):
         return False
     if isinstance(m, int) and isinstance(d, int):
         return m < d
-    return bool(sympy.expand(d - m).is_positive)
+    diff = sympy.expand(d - m)
+    decided = _positive_by_terms(diff)
+    # sympy's assumption system takes milliseconds a query: only what the terms leave open
+    return decided if decided is not None else bool(diff.is_positive)
+
+
+def _positive_by_terms(e: sympy.Expr) -> bool | None:
+    """Whether e > 0 for all values of the size symbols (positive integers), from a lower
+    bound of its terms: a monomial with a positive coefficient is at least its value with
+    the symbols at 1, a div/mod at least 0. A negative coefficient on a symbol or a div/mod
+    leaves no lower bound (nor does sympy find one: sizes have no upper bound): False. None
+    for any other term."""
+    low = 0
+    for term in sympy.Add.make_args(e):
+        c, rest = term.as_coeff_Mul()
+        if not c.is_Rational:
+            return None
+        if rest == 1:
+            low += c
+            continue
+        factors = sympy.Mul.make_args(rest)
+        unbounded = all(_positive_factor(f) or isinstance(f, FloorDiv | ModIdx) for f in factors)
+        if not unbounded:
+            return None
+        if c < 0:
+            return False
+        if all(_positive_factor(f) for f in factors):
+            low += c
+    return low > 0
+
+
+def _positive_factor(f: sympy.Expr) -> bool:
+    """A positive size symbol or a positive power of one (at least 1)."""
+    base = f.base if f.is_Pow and f.exp.is_Integer and f.exp > 0 else f
+    return base.is_Symbol and bool(base.is_positive)
 
 
 def _recombine(expr: sympy.Expr) -> sympy.Expr:

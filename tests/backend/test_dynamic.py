@@ -182,6 +182,29 @@ def test_mlp_variable_batch_large_gemm_choice():
         _run(model, [(torch.randn(n, 256),) for n in (300, 257, 511)], atol=1e-4, rtol=1e-4)
 
 
+def test_gemm_choice_of_a_static_graph_serves_its_size_bucket(monkeypatch):
+    """A static graph's oneDNN/torch.mm timing (batch 300) decides the dynamic graph's
+    bucket of 256..511 too: the dynamic graph's first call at batch 400 times nothing."""
+    from ember.backend.lowering import gemm
+
+    monkeypatch.setattr(gemm, "_BY_BUCKET", {})
+    gemm._onednn_faster.cache_clear()
+    timed = []
+    real = gemm._time_onednn
+    monkeypatch.setattr(gemm, "_time_onednn", lambda *shape: timed.append(shape) or real(*shape))
+    model = nn.Sequential(nn.Linear(256, 1024), nn.GELU()).eval()
+    with torch.no_grad():
+        x = torch.randn(300, 256)
+        static = torch.compile(model, backend=Counting(), dynamic=False)
+        torch.testing.assert_close(static(x), model(x), atol=1e-4, rtol=1e-4)
+        assert [shape[:3] for shape in timed] == [(300, 256, 1024)]
+        x = torch.randn(400, 256)
+        dynamic = torch.compile(model, backend=Counting(), dynamic=True)
+        torch.testing.assert_close(dynamic(x), model(x), atol=1e-4, rtol=1e-4)
+    assert len(timed) == 1, timed
+    gemm._onednn_faster.cache_clear()
+
+
 def _train(make_model, shapes, dynamic) -> Counting:
     """Forward and backward of a compiled model against eager at each input shape: outputs,
     input gradients, parameter gradients."""

@@ -65,3 +65,40 @@ def test_floordiv_and_mod_rules(c, d_mult, r0, r1):
 def test_c_printing():
     assert indexing.to_c(3 * x0 + FloorDiv(x1, 4)) in ("((3*x0) + (x1 / 4))", "((x1 / 4) + (3*x0))")
     assert indexing.to_c(ModIdx(x2, 5)) == "(x2 % 5)"
+
+
+s0, s1 = (sympy.Symbol(f"s{i}", integer=True, positive=True) for i in range(2))
+_TERMS = [
+    sympy.Integer(1),
+    s0,
+    s1,
+    s0 * s1,
+    s0**2,
+    FloorDiv(64 * s0 - 1, 64),
+    FloorDiv(64 * s0 - 1, s0),
+    FloorDiv(3 * s1 + 2, 4 * s1),
+    ModIdx(s0, 4),
+    sympy.Max(s0, 3),
+]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    coeffs=st.lists(
+        st.sampled_from([-767, -3, -1, 0, 0, 0, 0, 1, 2, 64, 768]),
+        min_size=len(_TERMS),
+        max_size=len(_TERMS),
+    )
+)
+def test_positivity_by_terms_agrees_with_sympy_and_holds(coeffs):
+    """The quick positivity proof the index algebra tries before sympy's assumptions (see
+    _below): never "positive" where a size value makes the expression <= 0, never "not
+    provable" where sympy proves it (the generated index code would change), and whatever
+    it cannot classify is left to sympy."""
+    e = sympy.Add(*[c * t for c, t in zip(coeffs, _TERMS)])
+    quick = indexing._positive_by_terms(e)
+    if quick is True:
+        for a, b in itertools.product([1, 2, 3, 7, 64, 65, 1000], repeat=2):
+            assert e.xreplace({s0: a, s1: b}) > 0, e
+    if e.is_positive is True:
+        assert quick is not False, e

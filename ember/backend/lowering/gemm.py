@@ -124,19 +124,21 @@ def _weight(a: Value, b: Value, bias: Value | None) -> BufferValue | None:
 
 
 _BY_BUCKET: dict[tuple[int, int, int, bool], bool] = {}
+"""The library per power-of-two bucket of the batch (and k, n, bias): set by the first
+timing of a size in the bucket, a static graph's or a dynamic one's."""
 
 
 def linear_by_size(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     """x @ w.t() (+ b) for a batch whose size varies (called from generated wrappers): oneDNN
     or torch.mm/addmm, decided once per power-of-two bucket of the batch (timed at the first
-    size met in the bucket), never again per size."""
+    size met in the bucket, unless a static graph of the process timed a size of it), never
+    again per size."""
     m, (n, k) = x.shape[0], w.shape
     key = (m.bit_length(), k, n, b is not None)
     onednn = _BY_BUCKET.get(key)
     if onednn is None:
-        onednn = _BY_BUCKET[key] = 2 * m * k * n >= MIN_FLOPS and _onednn_faster(
-            m, k, n, b is not None
-        )
+        onednn = 2 * m * k * n >= MIN_FLOPS and _onednn_faster(m, k, n, b is not None)
+        _BY_BUCKET[key] = onednn
     if onednn:
         return torch_compat.onednn_linear()(x, w, b, "none", [], "")
     return torch.mm(x, w.t()) if b is None else torch.addmm(b, x, w.t())
@@ -149,6 +151,14 @@ def _available() -> bool:
 
 @functools.cache
 def _onednn_faster(m: int, k: int, n: int, with_bias: bool) -> bool:
+    """Timed once per shape in a process; the answer also serves its batch's bucket."""
+    faster = _time_onednn(m, k, n, with_bias)
+    _BY_BUCKET.setdefault((m.bit_length(), k, n, with_bias), faster)
+    return faster
+
+
+def _time_onednn(m: int, k: int, n: int, with_bias: bool) -> bool:
+    """oneDNN's linear against torch.mm/addmm on random data of this shape."""
     x, w = torch.randn(m, k), torch.randn(n, k)
     b = torch.randn(n) if with_bias else None
     onednn = torch_compat.onednn_linear()
