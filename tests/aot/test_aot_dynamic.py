@@ -174,20 +174,14 @@ def _layouts(gm: torch.fx.GraphModule) -> list[str]:
 
 
 def _gpt2_tiny():
-    import warnings
+    from ember.testing.models import VOCAB, by_name
 
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        cfg = transformers.GPT2Config(n_layer=2, n_head=4, n_embd=32, vocab_size=256)
-        model = transformers.GPT2Model(cfg).eval()
+    model = by_name("gpt2").build()[0].eval()
 
     def run(ids):
-        return model(input_ids=ids, use_cache=False).last_hidden_state
+        return model(input_ids=ids, use_cache=False).logits
 
-    return run, lambda b, t: torch.randint(0, 256, (b, t))
+    return run, lambda b, t: torch.randint(0, VOCAB, (b, t))
 
 
 @pytest.mark.parametrize("case", ["layers", "layers training", "gpt2"])
