@@ -9,7 +9,12 @@ one process (interleaved blocks, medians, BENCHMARKING.md) and the ratios; with 
 the first call in fresh processes with cold and warm caches.
 
     .venv/bin/python bench/models.py [--only bert,gpt2] [--modes infer,train] [--speed]
-        [--first-call] [--json out.json]
+        [--first-call] [--threads 1] [--clock cpu] [--json out.json]
+
+With --speed it ends with a markdown table (the README's): per row the steady-state time of
+eager, and Inductor's and ember's speedups over it; with --first-call, the first call (first
+training step) cold and warm. `--clock cpu` times the process's CPU time per call (with one
+thread, what a call costs on a machine other jobs load; wall-clock medians there move 10%).
 """
 
 from __future__ import annotations
@@ -115,8 +120,9 @@ def correctness(case_name: str, train: bool) -> float:
     return _max_diff([t.detach() for t in got], [t.detach() for t in want])
 
 
-def speed(case_name: str, train: bool, blocks: int, block_s: float) -> dict:
-    """Steady-state speedups over eager of Inductor and ember.compile, one process."""
+def speed(case_name: str, train: bool, blocks: int, block_s: float, clock: str) -> dict:
+    """Steady-state speedups over eager of Inductor and ember.compile, one process, with
+    eager's own time per call (`clock`: timing.block's key, wall or CPU time)."""
     case = by_name(case_name)
     base, inputs = case.build()
     base.train(train)
@@ -140,13 +146,15 @@ def speed(case_name: str, train: bool, blocks: int, block_s: float) -> dict:
     times: dict[str, list[float]] = {k: [] for k in runners}
     for _ in range(blocks):
         for k, fn in runners.items():
-            times[k].append(block(fn, (), n)["per_call"])
+            times[k].append(block(fn, (), n)[clock])
     eager = statistics.median(times["eager"])
-    return {f"{k}_x": eager / statistics.median(v) for k, v in times.items() if k != "eager"}
+    out = {f"{k}_x": eager / statistics.median(v) for k, v in times.items() if k != "eager"}
+    return out | {"eager_ms": eager * 1e3}
 
 
 FIRST = """
 import sys, time, torch
+torch.set_num_threads({threads!r})
 sys.path.insert(0, {root!r})
 t0 = time.perf_counter()
 import ember
@@ -164,13 +172,15 @@ print(time.perf_counter() - t1)
 """
 
 
-def first_call(case_name: str, train: bool) -> dict:
+def first_call(case_name: str, train: bool, threads: int) -> dict:
     """First call (compile and run) in fresh processes: cold caches, then warm."""
     out = {}
     for variant in ("inductor", "ember"):
         with tempfile.TemporaryDirectory() as d:
             env = dict(os.environ, EMBER_CACHE_DIR=d, TORCHINDUCTOR_CACHE_DIR=d)
-            script = FIRST.format(root=str(ROOT), name=case_name, train=train, variant=variant)
+            script = FIRST.format(
+                root=str(ROOT), name=case_name, train=train, variant=variant, threads=threads
+            )
             for temp in ("cold", "warm"):
                 p = subprocess.run(
                     [sys.executable, "-c", script], env=env, capture_output=True, text=True
@@ -188,9 +198,14 @@ def main() -> None:
     p.add_argument("--first-call", action="store_true")
     p.add_argument("--blocks", type=int, default=7)
     p.add_argument("--block-s", type=float, default=0.2)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall")
     p.add_argument("--json", default="")
     args = p.parse_args()
+    clock = "per_call" if args.clock == "wall" else "cpu_per_call"
     warnings.simplefilter("ignore")
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {args.threads} thread(s), {args.clock} clock", flush=True)
     torch._dynamo.config.cache_size_limit = 64
     names = args.only.split(",") if args.only else [c.name for c in CASES]
     rows = []
@@ -203,9 +218,9 @@ def main() -> None:
                 row |= counts(name, train)
                 row["max_diff"] = correctness(name, train)
                 if args.speed:
-                    row |= speed(name, train, args.blocks, args.block_s)
+                    row |= speed(name, train, args.blocks, args.block_s, clock)
                 if args.first_call:
-                    row |= first_call(name, train)
+                    row |= first_call(name, train, args.threads)
             except Exception as e:  # noqa: BLE001  (a sweep reports failures, it does not stop)
                 row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
             row["sweep_s"] = round(time.perf_counter() - start, 1)
@@ -241,10 +256,42 @@ def _summary(rows: list[dict]) -> None:
     wrong = [r for r in rows if not r.get("max_diff", math.inf) <= 1e-4]
     print(f"\n{len(rows)} rows; more graphs than Dynamo: {[r['model'] for r in worse]}")
     print(f"not matching eager (or failed): {[(r['model'], r['mode']) for r in wrong]}")
-    for key in ("inductor_x", "ember_x"):
-        vals = [r[key] for r in rows if key in r]
-        if vals:
-            print(f"geomean {key}: {math.exp(statistics.mean(map(math.log, vals))):.3f}")
+    timed = [r for r in rows if "ember_x" in r]
+    if timed:
+        _speed_table(timed)
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(statistics.mean(map(math.log, values)))
+
+
+def _speed_table(rows: list[dict]) -> None:
+    """The README's table: speedups over eager, ember over Inductor, first calls."""
+    first = any("ember_cold_s" in r for r in rows)
+    head = "| model | mode | graphs ember / Dynamo | eager | Inductor | ember | ember / Inductor |"
+    if first:
+        head += " first call cold: Inductor, ember (ratio) | warm: Inductor, ember |"
+    print("\n" + head + "\n" + "|---" * (head.count("|") - 1) + "|")
+    for r in rows:
+        line = (
+            f"| {r['model']} | {r['mode']} | {r['ember_graphs']} / {r['dynamo_graphs']} "
+            f"| {r['eager_ms']:.2f} ms | {r['inductor_x']:.2f}x | {r['ember_x']:.2f}x "
+            f"| {r['ember_x'] / r['inductor_x']:.2f}x |"
+        )
+        if first:
+            ic, ec, iw, ew = (r.get(f"{v}_s", math.nan) for v in _FIRST_KEYS)
+            line += f" {ic:.1f} s, {ec:.1f} s ({ic / ec:.1f}x) | {iw:.1f} s, {ew:.1f} s |"
+        print(line)
+    ratios = [r["ember_x"] / r["inductor_x"] for r in rows]
+    print(
+        f"geomean over {len(rows)} rows: Inductor {_geomean([r['inductor_x'] for r in rows]):.2f}x"
+        f" eager, ember {_geomean([r['ember_x'] for r in rows]):.2f}x eager,"
+        f" ember / Inductor {_geomean(ratios):.2f}x; rows where ember is slower than Inductor:"
+        f" {[(r['model'], r['mode']) for r, x in zip(rows, ratios, strict=True) if x < 1]}"
+    )
+
+
+_FIRST_KEYS = ("inductor_cold", "ember_cold", "inductor_warm", "ember_warm")
 
 
 if __name__ == "__main__":

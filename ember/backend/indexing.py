@@ -223,10 +223,11 @@ def _below(m, d) -> bool:
 def _positive_by_terms(e: sympy.Expr) -> bool | None:
     """Whether e > 0 for all values of the size symbols (positive integers), from a lower
     bound of its terms: a monomial with a positive coefficient is at least its value with
-    the symbols at 1, a div/mod at least 0. A negative coefficient on a symbol or a div/mod
-    leaves no lower bound (nor does sympy find one: sizes have no upper bound): False. None
-    for any other term."""
-    low = 0
+    the symbols at 1, a div/mod at least 0. Without div/mod terms that bound is e's value at
+    1, so a bound <= 0 is False. None where the bound decides nothing, for sympy to decide:
+    a term with a negative coefficient (768*s0**2 - 767*s0 + 1 is positive, and sympy proves
+    it; -s0 + s1 is not), a div/mod term when the bound is <= 0, any other term."""
+    low, attained = 0, True
     for term in sympy.Add.make_args(e):
         c, rest = term.as_coeff_Mul()
         if not c.is_Rational:
@@ -236,13 +237,13 @@ def _positive_by_terms(e: sympy.Expr) -> bool | None:
             continue
         factors = sympy.Mul.make_args(rest)
         unbounded = all(_positive_factor(f) or isinstance(f, FloorDiv | ModIdx) for f in factors)
-        if not unbounded:
+        if not unbounded or c < 0:
             return None
-        if c < 0:
-            return False
         if all(_positive_factor(f) for f in factors):
             low += c
-    return low > 0
+        else:
+            attained = False
+    return True if low > 0 else (False if attained else None)
 
 
 def _positive_factor(f: sympy.Expr) -> bool:

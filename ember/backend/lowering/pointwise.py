@@ -343,8 +343,9 @@ def _masked_fill(ctx: LowerCtx, x, mask, value) -> LazyValue:
 
 
 def gelu_expr(x: Expr, approximate: str = "none", nan_at_inf: bool = False) -> Expr:
-    """GELU; `nan_at_inf` gives NaN at +inf too (not only at -inf), as eager does on some
-    CPUs (its AVX-512 float kernel; see eager_gelu_nan_at_inf)."""
+    """GELU; `nan_at_inf` follows eager's AVX-512 float kernel (see eager_gelu_nan_at_inf):
+    NaN at +inf too (not only at -inf), and x (1 + erf) formed before the halving, so that
+    it overflows to inf above half the largest float as eager's does."""
     d = x.dtype
     if approximate == "tanh":
         # x/2 (1 + tanh(u)) written as x sigmoid(2u): the same function without the
@@ -353,8 +354,10 @@ def gelu_expr(x: Expr, approximate: str = "none", nan_at_inf: bool = False) -> E
         inner = bin_(B.ADD, x, bin_(B.MUL, cube, const(0.044715, d)))
         u2 = bin_(B.MUL, inner, const(2 * math.sqrt(2 / math.pi), d))
         return bin_(B.MUL, x, un(U.SIGMOID, u2))
-    y = bin_(B.MUL, bin_(B.MUL, x, const(0.5, d)), _twice_normal_cdf(x))
-    return where(un(U.ISINF, x), const(math.nan, d), y) if nan_at_inf else y
+    if not nan_at_inf:
+        return bin_(B.MUL, bin_(B.MUL, x, const(0.5, d)), _twice_normal_cdf(x))
+    y = bin_(B.MUL, bin_(B.MUL, x, _twice_normal_cdf(x)), const(0.5, d))
+    return where(un(U.ISINF, x), const(math.nan, d), y)
 
 
 @functools.cache
