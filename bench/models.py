@@ -280,7 +280,7 @@ def _speed_table(rows: list[dict]) -> None:
         )
         if first:
             ic, ec, iw, ew = (r.get(f"{v}_s", math.nan) for v in _FIRST_KEYS)
-            line += f" {ic:.1f} s, {ec:.1f} s ({ic / ec:.1f}x) | {iw:.1f} s, {ew:.1f} s |"
+            line += f" {ic:.1f} s, {ec:.2f} s ({ic / ec:.0f}x) | {iw:.1f} s, {ew:.2f} s |"
         print(line)
     ratios = [r["ember_x"] / r["inductor_x"] for r in rows]
     print(
