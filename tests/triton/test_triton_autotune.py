@@ -172,7 +172,7 @@ def test_a_configuration_that_fails_is_skipped_with_its_reason(fresh_cache, capl
 @torch.no_grad()
 def test_autotuning_on_the_gpu(tuned, fresh_cache):
     dev = torch.device("cuda")
-    for name, (fn, shapes) in WORKLOADS.items():
+    for fn, shapes in WORKLOADS.values():
         inputs = [torch.randn(*s, device=dev) for s in shapes]
         torch._dynamo.reset()
         compiled = ember.compile(fn, mode="max-autotune-no-cudagraphs")
