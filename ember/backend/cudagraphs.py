@@ -65,7 +65,9 @@ reasons: list[str] = []  # why each fallback happened, in order
 class Recording(Protocol):
     outputs: list[Any]
 
-    def replay(self) -> None: ...
+    def replay(self, inputs: list) -> None:
+        """Run again; `inputs` are the tensors at the recorded addresses (a CUDA graph
+        reads its addresses and ignores them)."""
 
 
 class Recorder(Protocol):
@@ -94,29 +96,29 @@ class _CUDARecording:
     graph: Any
     outputs: list[Any]
 
-    def replay(self) -> None:
+    def replay(self, inputs: list) -> None:
         self.graph.replay()
 
 
 class CPURecorder:
-    """The CUDA recorder's stand-in on the CPU: a recording holds its inputs and outputs;
-    a replay calls the callable again on the same inputs and copies the results into the
-    recorded outputs, overwriting them exactly where a CUDA graph replay would."""
+    """The CUDA recorder's stand-in on the CPU: a recording holds its outputs; a replay
+    calls the callable again on the tensors at the recorded addresses and copies the
+    results into the recorded outputs, overwriting them exactly where a CUDA graph replay
+    would. Like a CUDA graph, it keeps no input alive."""
 
     device = torch.device("cpu")
 
     def record(self, fn: Callable[[list], Any], inputs: list) -> Recording:
-        return _CPURecording(fn, list(inputs), list(fn(list(inputs))))
+        return _CPURecording(fn, list(fn(list(inputs))))
 
 
 @dataclasses.dataclass
 class _CPURecording:
     fn: Callable[[list], Any]
-    inputs: list[Any]
     outputs: list[Any]
 
-    def replay(self) -> None:
-        for out, new in zip(self.outputs, self.fn(list(self.inputs)), strict=True):
+    def replay(self, inputs: list) -> None:
+        for out, new in zip(self.outputs, self.fn(list(inputs)), strict=True):
             if isinstance(out, torch.Tensor):
                 out.copy_(new)
 
@@ -198,9 +200,12 @@ class CudaGraphed:
         rec = self._free_recording(sig, inputs)
         if rec is None:
             return self._plain(inputs)
+        at_addresses = list(inputs)
         for i, buf in sig.static.items():
             buf.copy_(inputs[i])
-        rec.recording.replay()
+            at_addresses[i] = buf
+        rec.recording.replay(at_addresses)
+        del at_addresses
         stats["replays"] += 1
         return rec.outputs(inputs)
 
