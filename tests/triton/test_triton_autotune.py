@@ -172,6 +172,7 @@ def test_a_configuration_that_fails_is_skipped_with_its_reason(fresh_cache, capl
 @torch.no_grad()
 def test_autotuning_on_the_gpu(tuned, fresh_cache):
     dev = torch.device("cuda")
+    before = dict(autotune.stats)
     for fn, shapes in WORKLOADS.values():
         inputs = [torch.randn(*s, device=dev) for s in shapes]
         torch._dynamo.reset()
@@ -179,4 +180,6 @@ def test_autotuning_on_the_gpu(tuned, fresh_cache):
         _close(compiled(*inputs), fn(*inputs), rtol=1e-4, atol=1e-4)
         _close(compiled(*inputs), fn(*inputs), rtol=1e-4, atol=1e-4)
     assert tuned and all(k.chosen for k in tuned)
-    assert autotune.stats["timed"] >= len(tuned) - autotune.stats["disk_hits"]
+    made = {k: autotune.stats[k] - before.get(k, 0) for k in ("timed", "disk_hits", "skipped")}
+    assert made["timed"] == sum(len(k.chosen) for k in tuned) and made["disk_hits"] == 0, made
+    assert made["skipped"] == 0, "a configuration failed to compile or disagreed (EMBER_LOGS)"
