@@ -125,28 +125,29 @@ def test_mutated_inputs_fall_back_with_a_reason(counts):
     assert cudagraphs.reasons[-1] == "bump: the graph mutates its input [0]"
 
 
-def test_inputs_on_another_device_fall_back(counts):
-    class MetaRecorder(CPURecorder):  # records for a device the CPU inputs are not on
-        device = torch.device("meta")
-
-    g = CudaGraphed(pair, MetaRecorder(), "g")
-    x = torch.randn(2)
-    for _ in range(2):
-        _close(g(x, x), pair(x, x))
-    assert "g: input 0 is on cpu, the graph records on meta" in cudagraphs.reasons[-1]
-    assert counts() == {"plain_calls": 2, "fallbacks": 1}
+class MetaRecorder(CPURecorder):  # records for a device the CPU inputs are not on
+    device = torch.device("meta")
 
 
-def test_a_capture_error_falls_back(counts):
-    class Refusing(CPURecorder):
-        def record(self, fn, inputs):
-            raise RuntimeError("operation not permitted when stream is capturing")
+class Refusing(CPURecorder):  # as a capture refuses a sync or a CPU op
+    def record(self, fn, inputs):
+        raise RuntimeError("operation not permitted when stream is capturing")
 
-    g = CudaGraphed(pair, Refusing(), "g")
+
+@pytest.mark.parametrize(
+    "recorder, reason",
+    [
+        (MetaRecorder, "g: input 0 is on cpu, the graph records on meta"),
+        (Refusing, "capture failed: RuntimeError: operation not permitted"),
+    ],
+    ids=["input on another device", "capture error"],
+)
+def test_graphs_that_cannot_be_recorded_fall_back(recorder, reason, counts):
+    g = CudaGraphed(pair, recorder(), "g")
     x = torch.randn(2)
     for _ in range(3):
         _close(g(x, x), pair(x, x))
-    assert "capture failed: RuntimeError: operation not permitted" in cudagraphs.reasons[-1]
+    assert reason in cudagraphs.reasons[-1]
     assert counts() == {"plain_calls": 3, "fallbacks": 1}
 
 
