@@ -50,7 +50,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ember import logs
+from ember import logs, torch_compat
 
 MAX_SIGNATURES = 8  # distinct input signatures recorded per compiled graph
 MAX_RECORDINGS = 3  # recordings per signature, for outputs still held by the caller
@@ -123,8 +123,7 @@ class _CPURecording:
                 out.copy_(new)
 
 
-def _use_count(t: torch.Tensor) -> int:
-    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+_use_count = torch_compat.storage_use_count
 
 
 @dataclasses.dataclass
