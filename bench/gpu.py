@@ -6,13 +6,16 @@ convolutions stay aten library calls); graphs on several devices run as their at
 the device (inference, a training step with its gradients and updated parameters, dropout's
 mask between forward and backward, bfloat16, a graph break, a copy from the CPU inside the
 compiled code) and times eager, ember.compile and torch.compile (Inductor, Triton) per call.
-Then it prints a table per workload: eager, ember, Inductor (default and reduce-overhead),
-each with its first call (compile included) and its time per call. CI has no GPU; run it
-where one is; `--dry-run` runs it here, on the CPU under Triton's interpreter, with small
-sizes, and then compiles every kernel it launched for sm_90 with Triton's own compiler
-(`--install` first installs wheels carried in .whl/, for a machine without a registry):
+Then it prints a table per workload: eager, ember (default, reduce-overhead: CUDA graphs,
+max-autotune: autotuned kernels and CUDA graphs), Inductor (default and reduce-overhead),
+each with its first call (compile included) and its time per call. `--tests` first runs the
+pytest tests that need a GPU (CUDA graphs, autotuning, kernels compiled for the device).
+CI has no GPU; run it where one is; `--dry-run` runs it here, on the CPU under Triton's
+interpreter (CUDA graphs by the policy's CPU stand-in), with small sizes, and then compiles
+every kernel it launched for sm_90 with Triton's own compiler (`--install` first installs
+wheels carried in .whl/, for a machine without a registry):
 
-    python bench/gpu.py [--device cuda] [--repeats 7] [--no-inductor] [--json FILE]
+    python bench/gpu.py [--device cuda] [--repeats 7] [--no-inductor] [--tests] [--json FILE]
     python bench/gpu.py --dry-run
 """
 
@@ -41,7 +44,8 @@ from training import MLP, Block  # noqa: E402
 
 import ember  # noqa: E402
 from ember import config  # noqa: E402
-from ember.backend.codegen import triton_runtime  # noqa: E402
+from ember.backend import cudagraphs  # noqa: E402
+from ember.backend.codegen import autotune, triton_runtime  # noqa: E402
 from ember.backend.compile import stats  # noqa: E402
 
 torch.backends.cuda.matmul.allow_tf32 = False  # compare float32 as float32
@@ -166,8 +170,41 @@ def check_mixed_devices_and_dynamo(dev: torch.device) -> None:
         close(got, model(xin), "MLP behind torch.compile(backend=ember.backend)")
 
 
+def check_modes(dev: torch.device) -> None:
+    """mode="reduce-overhead" (CUDA graphs) and "max-autotune" (autotuned kernels and CUDA
+    graphs): the same values as eager over calls with changing inputs, outputs kept across
+    calls intact, a training step's parameters equal eager's."""
+    for mode in ("reduce-overhead", "max-autotune"):
+        model = MLP().to(dev).eval()
+        compiled = ember.compile(model, mode=mode)
+        with torch.no_grad():
+            kept = [
+                (compiled(x), model(x))
+                for x in (torch.randn(8, 1024, device=dev) for _ in range(5))
+            ]
+        for i, (got, want) in enumerate(kept):
+            close(got, want, f"{mode} MLP inference, call {i} (outputs kept)")
+        base = Block().to(dev)
+        xin = torch.randn(2, 16, 256, device=dev)
+        params = []
+        for compiled_ in (False, True):
+            m = copy.deepcopy(base)
+            fn = ember.compile(m, mode=mode) if compiled_ else m
+            opt = torch.optim.SGD(m.parameters(), lr=0.1)
+            for _ in range(3):
+                opt.zero_grad()
+                fn(xin).square().mean().backward()
+                opt.step()
+            params.append([p.detach().clone() for p in m.parameters()])
+        close(params[1], params[0], f"{mode} Block: parameters after three SGD steps", 1e-3)
+    print(f"# CUDA graphs: {cudagraphs.summary()}; autotune: {dict(autotune.stats)}")
+    if dev.type == "cuda":
+        assert cudagraphs.stats["replays"] > 0, "nothing was replayed"
+
+
 CHECKS = [
     check_inference,
+    check_modes,
     check_training,
     check_dropout,
     check_bf16_break_and_transfer,
@@ -251,12 +288,13 @@ def _model_rows(dev: torch.device, small: bool) -> dict[str, Callable[[], tuple]
 
 
 def _variants(inductor: bool) -> dict[str, Callable[[Callable], Callable]]:
-    """name -> how a model is compiled. ember's modes reduce-overhead (CUDA graphs) and
-    max-autotune are not implemented yet: ember.compile accepts them and compiles as default,
-    so they are not separate rows."""
+    """name -> how a model is compiled: eager, ember in its three modes, Inductor's default
+    and reduce-overhead (its max-autotune takes minutes to compile per row: left out)."""
     out: dict[str, Callable[[Callable], Callable]] = {
         "eager": lambda m: m,
         "ember": lambda m: ember.compile(m),
+        "ember reduce-overhead": lambda m: ember.compile(m, mode="reduce-overhead"),
+        "ember max-autotune": lambda m: ember.compile(m, mode="max-autotune"),
     }
     if inductor:
         out["inductor"] = lambda m: torch.compile(m, dynamic=False)
@@ -323,18 +361,43 @@ def main() -> None:
         help="on the CPU with Triton's interpreter (EMBER_TRITON_INTERPRET=1), small sizes, "
         "no Inductor: exercises the script and ember's Triton path without a GPU",
     )
+    ap.add_argument("--tests", action="store_true", help="run the GPU pytest tests first")
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.install:
         install()
+    failed = gpu_tests() if args.tests else []
     if args.dry_run:
         args.device, args.repeats, args.no_inductor = "cpu", 1, True
-        with config.patch(triton_interpret=True), triton_runtime.record_launches() as launches:
-            failed = run(args)
+        # CUDA graphs by the policy's CPU stand-in; autotuning timed once per configuration
+        autotune.WARMUP, autotune.REPEATS = 0, 1
+        with (
+            config.patch(triton_interpret=True),
+            cudagraphs.emulated_on_cpu(),
+            triton_runtime.record_launches() as launches,
+        ):
+            failed += run(args)
         failed += compile_for_sm90(launches)
     else:
-        failed = run(args)
+        failed += run(args)
     sys.exit(1 if failed else 0)
+
+
+GPU_TESTS = [
+    "tests/backend/test_cudagraphs.py",
+    "tests/triton/test_triton_autotune.py",
+    "tests/triton/test_triton_gpu_compile.py",
+]
+
+
+def gpu_tests() -> list[str]:
+    """The pytest files whose GPU-only tests run where CUDA is (skipped elsewhere, saying
+    so), with the rest of each file; one C++ target for the backend tests."""
+    env = {**os.environ, "EMBER_TEST_ISAS": "native"}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *GPU_TESTS]
+    done = subprocess.run(cmd, cwd=os.path.join(HERE, ".."), env=env)
+    print(f"{'ok  ' if done.returncode == 0 else 'FAIL'} gpu tests ({' '.join(GPU_TESTS)})")
+    return [] if done.returncode == 0 else ["gpu tests"]
 
 
 def compile_for_sm90(launches: list) -> list[str]:
@@ -356,7 +419,9 @@ def run(args: argparse.Namespace) -> list[str]:
     name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
     print(f"# torch {torch.__version__} on {name}, Python {sys.version.split()[0]}")
     failed = []
-    checks = [check_inference, check_mixed_devices_and_dynamo] if args.dry_run else CHECKS
+    checks = (
+        [check_inference, check_modes, check_mixed_devices_and_dynamo] if args.dry_run else CHECKS
+    )
     for check in checks:
         try:
             check(dev)
@@ -369,6 +434,9 @@ def run(args: argparse.Namespace) -> list[str]:
     )
     result = {"failed": failed, "off_cpu_graphs": stats["off_cpu_graphs"]}
     result["timings"] = timings(dev, args.repeats, not args.no_inductor, args.dry_run)
+    result["cudagraphs"] = cudagraphs.summary()
+    result["autotune"] = dict(autotune.stats)
+    print(f"# CUDA graphs: {result['cudagraphs']}\n# autotune: {result['autotune']}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

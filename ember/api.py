@@ -64,20 +64,34 @@ class CompileOptions:
                 f" for ember.compile; known options: {known} (ember's settings are ember.config"
                 " fields, set with EMBER_* environment variables)"
             )
-        if mode in ("reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
-            logs.log(
-                "kernels",
-                "mode=%r: CUDA graphs and autotuning are not implemented yet; compiling as"
-                " the default mode",
-                mode,
-            )
         self.fullgraph = fullgraph
         self.dynamic = dynamic
         """True: argument sizes are symbols from the first call; None: automatic (sizes seen
         changing become symbols at the recompile); False: never (marks still count)."""
-        self.backend = lookup(backend)
+        self.backend = _with_mode(lookup(backend), mode)
         self.mode = mode
         self.options = dict(options or {})
+
+
+def _with_mode(backend: Any, mode: str | None) -> Any:
+    """The backend, told the mode: ember's own takes it (as torch.compile passes `mode=` to a
+    backend other than Inductor); other backends (eager, aot_eager, callables) compile as
+    they do in every mode, which is logged."""
+    if mode in (None, "default"):
+        return backend
+    from ember.backends import lookup as resolve
+
+    if backend is resolve("ember") or getattr(backend, "__name__", "") == "ember.backend":
+        from ember.backend import compile_graph
+
+        def ember_in_mode(gm: Any, example_inputs: list) -> Any:
+            return compile_graph(gm, example_inputs, mode=mode)
+
+        ember_in_mode.__name__ = "ember"
+        return ember_in_mode
+    name = getattr(backend, "__name__", backend)
+    logs.log("kernels", "mode=%r: the backend %r has no modes; compiling as it does", mode, name)
+    return backend
 
 
 def _run_cached(

@@ -21,6 +21,8 @@ CHANNELS = (
     "kernels",
     "schedule",
     "dynamic",
+    "autotune",
+    "cudagraphs",
 )
 
 _handler = logging.StreamHandler(sys.stderr)

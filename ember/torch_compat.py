@@ -84,6 +84,15 @@ select_conv_backend: Callable[..., Any] = _resolve("_C._select_conv_backend")
 """The convolution kernel eager picks for given tensors and parameters..."""
 conv_memory_format: Callable[..., Any] = _resolve("_C._conv_determine_backend_memory_format")
 """...and the memory format that kernel gives its result (channels-last or not)."""
+_storage_use_count: Callable[[int], int] = _resolve("_C._storage_Use_Count")
+
+
+def storage_use_count(t: torch.Tensor) -> int:
+    """How many references hold a tensor's storage (tensors viewing it, storage objects):
+    CUDA graph replays check it before overwriting an output (backend/cudagraphs.py)."""
+    return _storage_use_count(t.untyped_storage()._cdata)
+
+
 TORCH_C_NAMESPACES: tuple[Any, ...] = tuple(
     _resolve(f"_C.{name}") for name in ("_nn", "_VariableFunctions", "_linalg", "_fft", "_special")
 )

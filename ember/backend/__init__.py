@@ -12,6 +12,7 @@ not the first call of the compiled model. `import ember` alone stays light (capt
 
 from __future__ import annotations
 
+import functools
 import sys
 import types
 from collections.abc import Callable
@@ -25,14 +26,28 @@ from ember.backend.compile import compile_aten
 __all__ = ["compile_aten", "compile_graph"]
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-    """The backend: torch-level fx graph -> callable, via ember's AOT tracer."""
-    return aot_compile(gm, example_inputs, compile_aten)
+def compile_graph(
+    gm: torch.fx.GraphModule,
+    example_inputs: list[Any],
+    mode: str | None = None,
+    options: dict | None = None,
+) -> Callable[..., Any]:
+    """The backend: torch-level fx graph -> callable, via ember's AOT tracer. `mode` is
+    torch.compile's (torch.compile passes `mode=` and `options=` as keyword arguments to
+    a backend other than Inductor; `ember.compile` binds its own); every aten graph of the
+    call (forward, backward) is compiled in it. No `options` key is known."""
+    if options:
+        known = "none (ember's settings are ember.config fields, set with EMBER_* variables)"
+        raise ValueError(f"unknown options {sorted(options)} for ember's backend; known: {known}")
+    compile_aten_ = (
+        compile_aten if mode in (None, "default") else functools.partial(compile_aten, mode=mode)
+    )
+    return aot_compile(gm, example_inputs, compile_aten_)
 
 
 class _CallableModule(types.ModuleType):
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        return compile_graph(gm, example_inputs)
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
+        return compile_graph(gm, example_inputs, **kwargs)
 
 
 sys.modules[__name__].__class__ = _CallableModule

@@ -22,7 +22,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ember import config, logs
-from ember.backend import sizes
+from ember.backend import cudagraphs, sizes
 from ember.backend.codegen import build, cache, triton_code, triton_runtime, wrapper
 from ember.backend.codegen.cache import Artifact
 from ember.backend.codegen.cpp import kernel_source
@@ -143,10 +143,18 @@ def generate(
     return Artifact(module, py, kernels, consts, cacheable, ir_text, language)
 
 
-def _load(art: Artifact, gm: torch.fx.GraphModule, device: torch.device) -> Callable[..., Any]:
+MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+AUTOTUNE_MODES = ("max-autotune", "max-autotune-no-cudagraphs")
+CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def _load(
+    art: Artifact, gm: torch.fx.GraphModule, device: torch.device, mode: str | None = None
+) -> Callable[..., Any]:
     if art.language == "triton":
         with _stage("loading the Triton kernels"):
-            kernels = triton_runtime.load(art.cpp, list(art.kernels), device)
+            tune = mode in AUTOTUNE_MODES
+            kernels = triton_runtime.load(art.cpp, list(art.kernels), device, autotune=tune)
     else:
         with _stage("g++ and loading the kernels"):
             kernels = build.load(art.cpp, art.kernels) if art.kernels else {}
@@ -206,11 +214,37 @@ def language_for(device: torch.device) -> str | None:
     return None
 
 
-def compile_aten(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+def compile_aten(
+    gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str | None = None
+) -> Callable[..., Any]:
     """Compile one functional aten graph into a callable taking its flat tensor inputs.
     A graph ember has no code generator for (tensors on several devices, or on a device
     other than the CPU and, with Triton installed, CUDA) runs as its aten ops; such graphs
-    are counted in stats["off_cpu_graphs"]."""
+    are counted in stats["off_cpu_graphs"]. `mode` is torch.compile's: "max-autotune" and
+    "max-autotune-no-cudagraphs" autotune the Triton kernels (codegen/autotune.py);
+    "reduce-overhead" and "max-autotune" record the graph's calls into CUDA graphs
+    (cudagraphs.py)."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; known modes: {', '.join(map(str, MODES))}")
+    fn = _compile_aten(gm, example_inputs, mode)
+    if mode not in CUDAGRAPH_MODES:
+        return fn
+    device = placement(gm, example_inputs)
+    if not isinstance(device, torch.device):
+        why = device
+    else:
+        recorder = cudagraphs.recorder_for(device)
+        if recorder is not None:
+            stats["cudagraphed"] += 1
+            return cudagraphs.CudaGraphed(fn, recorder, f"graph {stats['cudagraphed']}")
+        why = f"no CUDA graphs on {device}"
+    logs.log("cudagraphs", "mode=%r: running the graph without CUDA graphs: %s", mode, why)
+    return fn
+
+
+def _compile_aten(
+    gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str | None
+) -> Callable[..., Any]:
     device = placement(gm, example_inputs)
     language = language_for(device) if isinstance(device, torch.device) else None
     if language is None:
@@ -237,12 +271,12 @@ def compile_aten(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callabl
             if logs.enabled("kernels"):
                 prelude = PRELUDE if language == "c++" else triton_code.PRELUDE
                 logs.log("kernels", "%s\n%s", art.cpp[len(prelude) :], art.wrapper)
-            fn = _load(art, gm, device)
+            fn = _load(art, gm, device, mode)
             if art.cacheable:
                 cache.store(key, art)  # best effort: an unwritable cache only costs speed
             stats["generated"] += 1
         else:
-            fn = _load(art, gm, device)
+            fn = _load(art, gm, device, mode)
             stats["graph_cache_hits"] += 1
     except StageFailed as e:
         if config.current().strict:

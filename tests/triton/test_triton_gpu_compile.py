@@ -16,7 +16,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import ember
+from ember import config
 from ember.backend.codegen import triton_runtime
+from tests.backend.helpers import _close
 from tests.triton.helpers import check
 
 
@@ -112,3 +115,22 @@ def test_generated_kernels_compile_for_sm90(name):
         assert kernel.metadata.target.arch == 90, launch.kernel
         assert kernel.asm["cubin"], f"{launch.kernel}: no cubin"
         assert ".entry " + launch.kernel in kernel.asm["ptx"], launch.kernel
+
+
+@pytest.mark.parametrize("name", ["unary", "row kernels", "looped long row", "columns"])
+def test_every_autotune_configuration_compiles_for_sm90(name, tmp_path):
+    """mode="max-autotune" launches each configuration of a kernel's tuning space once to
+    compare and time it: each of those launches (its block sizes, num_warps, num_stages)
+    compiles for the GPU too."""
+    fn, inputs, _ = PROGRAMS[name]
+    with config.patch(cache_dir=str(tmp_path)), triton_runtime.record_launches() as launches:
+        compiled = ember.compile(fn, mode="max-autotune-no-cudagraphs")
+        with torch.no_grad():
+            _close(compiled(*inputs), fn(*inputs))
+    tried = {(launch.kernel, launch.constexprs, launch.options) for launch in launches}
+    assert len(tried) > len({launch.kernel for launch in launches}) + 2, tried
+    kernels = triton_runtime.compile_ahead(launches, capability=90)
+    for launch, kernel in zip(dict.fromkeys(launches), kernels, strict=True):
+        assert kernel.metadata.target.arch == 90, launch.kernel
+        assert kernel.metadata.num_warps == dict(launch.options)["num_warps"], launch
+        assert kernel.asm["cubin"], f"{launch.kernel}: no cubin"

@@ -335,15 +335,59 @@ class KernelWriter:
                 shared, shared_inner = None, None
                 self._looped(j, lp, block, values)
         head = f"@jit\ndef {k.name}({sig}):"
-        return "\n".join([head, *out.lines])
+        tune = f"TUNE_{k.name} = {self.tune_space()!r}"
+        return "\n".join([head, *out.lines, "", "", tune])
 
     def launch(self) -> str:
         """The wrapper's launch of this kernel: `[grid](...args, blocks)`, with `{args}` to
-        be filled in with the tensors and sizes in parameter order."""
+        be filled in with the tensors and sizes in parameter order. The grid is a function of
+        the block sizes (`_grid(xnumel)`, Triton calls it with them), so that an autotuner
+        can launch the same line with other blocks."""
         xnumel = sizes.py(prod(self.k.outer))
         blocks = "".join(f", {b}={v}" for b, v in self.blocks.items())
-        x = self.blocks["XBLOCK"]
-        return f"[(({xnumel} + {x} - 1) // {x},)]({{args}}{blocks})"
+        return f"[_grid({xnumel})]({{args}}{blocks})"
+
+    def tune_space(self) -> list[dict[str, int]]:
+        """The launch configurations `mode="max-autotune"` times for this kernel (the
+        default first): block sizes the plan allows (a persistent row's width is fixed: it
+        must cover the row; looped rows and columns may take other chunk widths; the outer
+        block may grow or shrink) with num_warps, and num_stages for looped kernels. Every
+        one computes the same values (reductions may sum in another order)."""
+        default = {b: int(v) for b, v in self.blocks.items()}
+        outer = pow2(max(1, hint(prod(self.k.outer))))
+        looped = [b for b in default if b != "XBLOCK" and not self._fixed(b)]
+        fixed = {b: v for b, v in default.items() if b != "XBLOCK" and self._fixed(b)}
+        blocks = [default]
+        if self.plan.form == Form.POINTWISE:
+            x0 = default["XBLOCK"]
+            blocks += [{"XBLOCK": x} for x in (x0 // 4, x0 // 2, x0 * 2) if 64 <= x <= outer]
+        elif self.plan.form == Form.COLUMNS:
+            for x, r in ((32, 128), (128, 32), (32, 64)):
+                blocks.append({"XBLOCK": min(x, outer), **{b: r for b in looped}})
+        else:
+            widest = max(fixed.values(), default=1)
+            for chunk in (512, 2048) if looped else ():
+                x = max(1, min(TILE // max(widest, chunk), outer))
+                blocks.append({"XBLOCK": x, **fixed, **{b: chunk for b in looped}})
+            x0 = default["XBLOCK"]
+            blocks += [{**default, "XBLOCK": x} for x in (x0 // 2, x0 * 2) if 1 <= x <= outer]
+        out: list[dict[str, int]] = []
+        for b in blocks:
+            tile = b["XBLOCK"] * max([v for k, v in b.items() if k != "XBLOCK"], default=1)
+            if tile > 16384:
+                continue
+            warps = min(8, max(1, pow2(tile // 512)))
+            stages = 2 if looped else 1
+            for w in dict.fromkeys((warps, min(16, warps * 2))):
+                cfg = {**b, "num_warps": w, "num_stages": stages}
+                if cfg not in out:
+                    out.append(cfg)
+        return out
+
+    def _fixed(self, block: str) -> bool:
+        """Whether a tile-width parameter covers whole rows (persistent): not tunable."""
+        inner = list(dict.fromkeys(lp.inner for lp in self.k.loops if lp.inner))
+        return self._persistent(inner[int(block[1:-5])])
 
     # ---------------------------------------------------------------- tiles
 

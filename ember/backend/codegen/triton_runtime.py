@@ -120,12 +120,20 @@ def _module(source: str, tag: str, interpret: bool) -> Any:
     return module
 
 
-def load(source: str, names: list[str], device: torch.device) -> dict[str, Any]:
-    """The module's kernels by name, ready to launch as `kernel[grid](*args, **blocks)`."""
+def load(
+    source: str, names: list[str], device: torch.device, autotune: bool = False
+) -> dict[str, Any]:
+    """The module's kernels by name, ready to launch as `kernel[grid](*args, **blocks)`;
+    with `autotune` (mode="max-autotune"), each launched with the fastest configuration of
+    its tuning space (codegen/autotune.py)."""
     module = _module(source, device_tag(device), interpret=device.type == "cpu")
     kernels = {name: getattr(module, name) for name in names}
     if _recording is not None:
         kernels = {name: _Recorded(source, name, k, _recording) for name, k in kernels.items()}
+    if autotune:
+        from ember.backend.codegen import autotune as tuner
+
+        kernels = tuner.tune(kernels, module, source, device)
     return kernels
 
 
@@ -141,6 +149,10 @@ class Launch:
     kernel: str
     signature: tuple[tuple[str, str], ...]
     constexprs: tuple[tuple[str, int], ...]
+    options: tuple[tuple[str, int], ...] = ()  # num_warps / num_stages, when given
+
+
+_LAUNCH_OPTIONS = ("num_warps", "num_stages")
 
 
 _recording: list[Launch] | None = None
@@ -181,7 +193,9 @@ class _Recorded:
         def launch(*args: Any, **blocks: int) -> Any:
             params = list(inspect.signature(self.kernel.fn).parameters)
             signature = tuple((p, _arg_type(a)) for p, a in zip(params, args, strict=False))
-            self.log.append(Launch(self.source, self.name, signature, tuple(blocks.items())))
+            consts = tuple((k, v) for k, v in blocks.items() if k not in _LAUNCH_OPTIONS)
+            options = tuple((k, v) for k, v in blocks.items() if k in _LAUNCH_OPTIONS)
+            self.log.append(Launch(self.source, self.name, signature, consts, options))
             return launcher(*args, **blocks)
 
         return launch
@@ -219,7 +233,7 @@ def compile_ahead(launches: list[Launch], capability: int = 90, workers: int = 4
             signature=signature,
             constexprs=dict(launch.constexprs),
         )
-        return triton.compile(src, target=target)
+        return triton.compile(src, target=target, options=dict(launch.options))
 
     with concurrent.futures.ThreadPoolExecutor(max(1, min(workers, len(distinct)))) as pool:
         return list(pool.map(build, distinct))

@@ -199,6 +199,13 @@ def _fix(t: torch.Tensor, size: tuple, stride: tuple) -> torch.Tensor:
     return out
 
 
+def grid(xnumel: int) -> Any:
+    """A Triton launch grid as a function of the launch's block sizes: enough programs of
+    XBLOCK points each to cover `xnumel` (Triton calls it with the constexprs it launches
+    with, so an autotuner's other XBLOCK gets its own grid)."""
+    return lambda meta: ((xnumel + meta["XBLOCK"] - 1) // meta["XBLOCK"],)
+
+
 def pow2(n: int) -> int:
     """The power of two at or above n (a Triton tile covering a row of n elements)."""
     return 1 << max(0, (n - 1).bit_length())
@@ -222,6 +229,7 @@ def instantiate(
         "_as": torch.as_strided,
         "_fix": _fix,
         "_pow2": pow2,
+        "_grid": grid,
     }
     scope.update({f"_{name}": fn for name, fn in kernels.items()})
     exec(compile(source, "<ember wrapper>", "exec"), scope)
