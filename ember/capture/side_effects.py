@@ -119,9 +119,10 @@ class SideEffects:
         return entry[2] if entry else None
 
     def store_cell(self, cell: Any, value: Value) -> None:
+        """A write to a real cell (a RealCell: replayed into the cell it reloads)."""
         self._check_fence(None, "a closure variable")
         self.version += 1
-        self._cells[id(cell)] = (cell, value)
+        self._cells[id(cell.cell)] = (cell, value)
 
     def load_cell(self, cell: Any) -> Value | None:
         entry = self._cells.get(id(cell))
@@ -191,7 +192,7 @@ class SideEffects:
                 cg.load_const(target[1])
                 cg.store_subscr()
             else:
-                cg.load_const(target)
+                target.emit(cg)
                 cg.store_attr("cell_contents")
 
     @staticmethod

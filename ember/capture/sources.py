@@ -178,6 +178,27 @@ class CellSource(Source):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class CellParamSource(Source):
+    """A cell object that a resume function receives as a parameter (its cell variable of
+    that name): the guard reads the parameter, generated code the raw slot, not the
+    contents that LOAD_DEREF would give."""
+
+    var: str
+
+    def name(self) -> str:
+        return f"L[{self.var!r}] (cell)"
+
+    def expr(self, scope: GuardScope) -> str:
+        return self.var
+
+    def emit(self, cg: CodeBuilder) -> None:
+        cg.load_cell_object(self.var)
+
+    def is_local(self) -> bool:
+        return True
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class AttrSource(Source):
     base: Source
     attr: str

@@ -247,6 +247,8 @@ class ValueBuilder:
             guards.add(GuardKind.ID_MATCH, source, value)
             return self.wrap(original, AttrSource(source, "_ember_original"))
         special = self._special(value)
+        if isinstance(special, UserFunctionValue) and source.is_local() and _made_by_a_call(value):
+            return self._by_code(special, source)
         if special is not None:
             guards.add(GuardKind.ID_MATCH, source, value)
             if special.source is None:  # closures and reloads of it are reached through it
@@ -293,6 +295,21 @@ class ValueBuilder:
             return UserObjectValue(type(value), source, value)
         guards.add(GuardKind.TYPE_MATCH, source, type(value))
         return OpaqueValue(type(value), source)
+
+    def _by_code(self, function: UserFunctionValue, source: Source) -> Value:
+        """A local function or closure: guarded by its code and globals, as Dynamo guards
+        closures, not by its identity. Its maker makes a new one on each call (a function
+        rebuilt at a graph break and handed to the resume function is new on every call),
+        and what inlining relies on besides the code is read through the source and guarded
+        there: cell contents, defaults, keyword defaults, names, `__dict__` entries."""
+        fn = function.fn
+        guards = self.ctx.guards
+        guards.add(GuardKind.TYPE_MATCH, source, types.FunctionType)
+        guards.add(GuardKind.ID_MATCH, AttrSource(source, "__code__"), fn.__code__)
+        guards.add(GuardKind.ID_MATCH, AttrSource(source, "__globals__"), fn.__globals__)
+        function.source = source
+        function.by_code = True
+        return function
 
     def _special(self, value: Any) -> Value | None:
         """Values identified by what they are: functions, classes, Python modules."""
@@ -460,3 +477,11 @@ class GradModeClassValue(Value):
         previous = tx.grad_enabled()
         tx.set_grad_enabled(mode)  # set_grad_enabled acts when called, not on __enter__
         return GradModeValue(mode, restore_to=previous)
+
+
+def _made_by_a_call(fn: types.FunctionType) -> bool:
+    """A function defined inside another function (or a closure): one its maker makes
+    anew on each call, so its identity says nothing about what it computes. (Only for
+    arguments: one kept in a global or an attribute is usually made once, and a guard on
+    its identity lets a break inside it resume in its own frame.)"""
+    return bool(fn.__closure__) or "<locals>" in fn.__qualname__

@@ -515,6 +515,9 @@ class IteratorValue(Value):
         self.position = 0
         self.returned = returned
         """What a generator returned after its last yield (the value of `yield from`)."""
+        self.of_list: ListValue | None = None
+        """The list this iterator walks (it reads the list itself: items appended later
+        are visited)."""
 
     def describe(self) -> str:
         return "iterator"
@@ -533,6 +536,33 @@ class IteratorValue(Value):
         self.position = len(self.items)
         return rest
 
+    def reconstruct(self, em: Emitter) -> None:
+        """After a graph break: a list's iterator is an iterator of the rebuilt list moved
+        to where this one is (appends after the break are still visited); any other, an
+        iterator over the items left."""
+        if self.source is not None:
+            return super().reconstruct(em)
+        self.rebuild_rest(em)
+
+    def rebuild_rest(self, em: Emitter) -> None:
+        if self.of_list is not None:
+            em.cg.load_const(list_iterator_at, push_null=True)
+            em.reconstruct(self.of_list)
+            em.cg.load_const(self.position)
+            em.cg.call(2)
+            return
+        em.cg.load_const(iter, push_null=True)
+        em.reconstruct(TupleValue(self.items[self.position :]))
+        em.cg.call(1)
+
+
+def list_iterator_at(items: list, position: int) -> Any:
+    """`iter(items)` advanced by `position` items."""
+    it = iter(items)
+    for _ in range(position):
+        next(it, None)
+    return it
+
 
 def iterator_over(tx: Translator, value: Value) -> IteratorValue:
     """`iter(value)`. A list's iterator reads the list itself, as CPython's does, so items
@@ -540,5 +570,7 @@ def iterator_over(tx: Translator, value: Value) -> IteratorValue:
     if isinstance(value, IteratorValue):
         return value
     if isinstance(value, ListValue):
-        return IteratorValue(value.items)
+        it = IteratorValue(value.items)
+        it.of_list = value
+        return it
     return IteratorValue(value.iterate(tx))

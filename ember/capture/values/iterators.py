@@ -25,6 +25,7 @@ from ember.capture.values.containers import IteratorValue, TupleValue, iterator_
 from ember.errors import BreakReason, Unsupported
 
 if TYPE_CHECKING:
+    from ember.capture.codegen import Emitter
     from ember.capture.translator import Translator
 
 
@@ -98,6 +99,48 @@ class LazyIterator(IteratorValue):
             "so its items cannot be computed ahead of the code after the break",
         )
 
+    def lazy_parts(self) -> tuple[Any, list[Value], dict[str, Value]] | None:
+        """How CPython would make this iterator as it stands now, for break code to make
+        it again (Dynamo's reconstruct): the maker, its arguments and keywords; None when
+        it cannot be made again (a generator's frame, itertools state)."""
+        return None
+
+    def lazily_rebuildable(self) -> bool:
+        """Whether break code can make this iterator again without computing its items:
+        nothing pulled and not consumed, and its callbacks and sources rebuildable."""
+        parts = self.lazy_parts()
+        if parts is None or self.exhausted or self.position != len(self.items):
+            return False
+        return all(_rebuildable_part(v) for v in [*parts[1], *parts[2].values()])
+
+    def contained(self) -> list[Value]:
+        parts = None if self.exhausted else self.lazy_parts()
+        if parts is None:
+            return []
+        return [*parts[1], *parts[2].values()]
+
+    def reconstruct(self, em: Emitter) -> None:
+        """A settled (or finished) iterator is an iterator over its items left; one not
+        settled is made again, lazy, over its rebuilt sources: the callbacks run when
+        CPython pulls, in order with the code after the break."""
+        if self.exhausted:  # (`source` is the iterator pulled from, in some subclasses)
+            return self.rebuild_rest(em)
+        if not self.lazily_rebuildable():
+            return Value.reconstruct(self, em)
+        maker, args, kwargs = self.lazy_parts()
+        em.cg.load_const(maker, push_null=True)
+        for part in [*args, *kwargs.values()]:
+            em.reconstruct(part)
+        em.cg.call(len(args) + len(kwargs), tuple(kwargs))
+
+
+def _rebuildable_part(value: Value) -> bool:
+    """A callback or source of an iterator made again at a break: an iterator must itself
+    be made again (or be a plain one); anything else is rebuilt as any value."""
+    if isinstance(value, LazyIterator):
+        return value.lazily_rebuildable()
+    return True
+
 
 class MapIterator(LazyIterator):
     kind = map
@@ -115,6 +158,9 @@ class MapIterator(LazyIterator):
                 return None
             row.append(item)
         return self.fn.call(tx, row, {})
+
+    def lazy_parts(self) -> tuple[Any, list[Value], dict[str, Value]] | None:
+        return self.kind, [self.fn, *self.sources], {}
 
 
 class StarmapIterator(MapIterator):
@@ -142,6 +188,10 @@ class FilterIterator(LazyIterator):
                 return item
         return None
 
+    def lazy_parts(self) -> tuple[Any, list[Value], dict[str, Value]] | None:
+        fn = ConstantValue(None) if self.fn is None else self.fn
+        return (filter if self.keep_if else itertools.filterfalse), [fn, self.source], {}
+
 
 class ZipIterator(LazyIterator):
     kind = zip
@@ -163,6 +213,10 @@ class ZipIterator(LazyIterator):
                 return None
             row.append(item)
         return TupleValue(row)
+
+    def lazy_parts(self) -> tuple[Any, list[Value], dict[str, Value]] | None:
+        strict = {"strict": ConstantValue(True)} if self.strict else {}
+        return zip, list(self.sources), strict
 
     def _check_lengths(self, tx: Translator, ended: int) -> None:
         """zip(strict=True): the first source to end must end them all (CPython pulls once
@@ -214,6 +268,11 @@ class EnumerateIterator(LazyIterator):
             return None
         self.count += 1
         return TupleValue([ConstantValue(self.count - 1), item])
+
+    def lazy_parts(self) -> tuple[Any, list[Value], dict[str, Value]] | None:
+        if not isinstance(self.count, int):
+            return None
+        return enumerate, [self.source, ConstantValue(self.count)], {}
 
 
 class GeneratorIterator(LazyIterator):
@@ -488,8 +547,9 @@ class _Group(LazyIterator):
         return item
 
 
-def settle_iterators(tx: Translator, values: list[Value]) -> None:
-    """Compute the rest of every lazy iterator among `values` (see LazyIterator.settle)."""
+def settle_iterators(tx: Translator, values: list[Value], lazy: bool = False) -> None:
+    """Compute the rest of every lazy iterator among `values` (see LazyIterator.settle);
+    with `lazy`, not those break code can make again lazily (see frame.py)."""
     for value in values:
-        if isinstance(value, LazyIterator):
+        if isinstance(value, LazyIterator) and not (lazy and value.lazily_rebuildable()):
             value.settle(tx)
