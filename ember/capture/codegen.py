@@ -545,7 +545,10 @@ def build_break_replacement(
     _set_grad_mode(cg, site.grad_mode)
     stack, inst, frame = site.stack, site.inst, site.frame
     slots = [_slot(v) for v in stack]
-    pops, pushes = operands(inst) if can_resume_after(inst) else (0, 0)
+    if inst.op is Op.FOR_ITER:
+        pops, pushes = 1, 0
+    else:
+        pops, pushes = operands(inst) if can_resume_after(inst) else (0, 0)
     base = len(stack) - pops
     callee_at = -1
     if inst.op in _CALLS:  # [NULL, callable], [callable, NULL] or [function, self]; args
@@ -579,6 +582,22 @@ def build_break_replacement(
         for n, target in enumerate((inst.index + 1, inst.target)):
             if n:
                 cg.place(taken)
+            _stop_handling(cg, handled)
+            resume = site.make_resume(target, rest, local_names, site.grad_mode)
+            _call_resume(cg, resume, rest, local_names, site.cells, frame)
+            _return(cg, callers)
+        _resume_at_handler(cg, site, handler, slots, local_names, entry_mode, handled, callers)
+        return cg.to_code()
+    if inst.op is Op.FOR_ITER:
+        _set_grad_mode(cg, entry_mode)
+        handled = _handle_again(cg, slots, base, frame)
+        done = cg.label()
+        with guarded:  # the pull may raise
+            _pull(cg, slots, frame, done)
+        item = [*slots[:-1], StackSlot(Slot.ITERATOR), StackSlot(Slot.VALUE)]
+        for target, rest in ((inst.index + 1, item), (inst.target, slots[:-1])):
+            if target == inst.target:  # exhausted: past the loop, without the iterator
+                cg.place(done)
             _stop_handling(cg, handled)
             resume = site.make_resume(target, rest, local_names, site.grad_mode)
             _call_resume(cg, resume, rest, local_names, site.cells, frame)
@@ -620,6 +639,30 @@ def build_break_replacement(
     _return(cg, callers)
     _resume_at_handler(cg, site, handler, slots, local_names, entry_mode, handled, callers)
     return cg.to_code()
+
+
+_EXHAUSTED = object()
+"""What `next(iterator, _EXHAUSTED)` returns at the end (break code at FOR_ITER)."""
+
+
+def _pull(cg: CodeBuilder, slots: list[StackSlot], frame: FrameVars, done: Any) -> None:
+    """FOR_ITER run at a break (a pull whose callback breaks: a map's function that
+    prints): `next(iterator, _EXHAUSTED)` into the slot above the iterator, and a jump to
+    `done` when the iterator is exhausted."""
+    top = len(slots) - 1
+    cg.load_const(iter, push_null=True)  # the items left (a tuple), or the iterator itself
+    cg.load_fast(frame.stack(top))
+    cg.call(1)
+    cg.store_fast(frame.stack(top))
+    cg.load_const(next, push_null=True)
+    cg.load_fast(frame.stack(top))
+    cg.load_const(_EXHAUSTED)
+    cg.call(2)
+    cg.copy(1)
+    cg.store_fast(frame.stack(top + 1))
+    cg.load_const(_EXHAUSTED)
+    cg.emit("IS_OP", 0)
+    cg.pop_jump_if("TRUE", done)
 
 
 def _results(inst: Inst, pushes: int) -> list[StackSlot]:
@@ -741,7 +784,12 @@ def can_rebuild(template: types.CodeType, value: Value) -> bool:
 
 def can_resume_after(inst: Inst) -> bool:
     """Whether break code can run this instruction in CPython and resume after it."""
-    return inst.op in _CALLS or inst.op in _REPLAYABLE or inst.op in _JUMP_CONDITIONS
+    return (
+        inst.op in _CALLS
+        or inst.op in _REPLAYABLE
+        or inst.op in _JUMP_CONDITIONS
+        or inst.op is Op.FOR_ITER
+    )
 
 
 def _emit_unsupported(cg: CodeBuilder, inst: Inst, kw_names: tuple[str, ...]) -> None:

@@ -53,7 +53,7 @@ from ember.capture.translator import (
 )
 from ember.capture.values.exceptions import TracedRaise
 from ember.capture.values.functions import RealCell
-from ember.capture.values.iterators import settle_iterators
+from ember.capture.values.iterators import SettleFailed, settle_iterators
 from ember.capture.values.objects import CellValue
 from ember.distributed import active_ddp, split_at_buckets
 from ember.errors import BackendCompilerFailed, Unsupported
@@ -89,7 +89,7 @@ def capture_call(
     unsupported instruction becomes a graph break; without it, Unsupported propagates.
     `policy` says which argument sizes are symbols (ember/capture/shapes.py)."""
     stop_before = None
-    lazy = False
+    lazy: frozenset[int] = frozenset()
     while True:
         try:
             ctx, tracer, brk, harvest, compiled_name, code = _capture(
@@ -98,8 +98,8 @@ def capture_call(
             break
         except _BreakInCaller as retry:  # break code for the inlined frame failed
             stop_before = retry.stop
-        except _RebuildLazily:
-            lazy = True
+        except _RebuildLazily as retry:
+            lazy |= {retry.index}
     graph = None
     if compiled_name is not None:
         graph = harvest.gm
@@ -154,8 +154,13 @@ class _BreakInCaller(Exception):
 
 class _RebuildLazily(Exception):
     """An iterator alive at the break cannot be computed ahead (pulling it has side
-    effects): capture again, and let break code make the iterators it can make again lazily
-    (`map(f, ...)`) instead, so that CPython pulls them after the break, in order."""
+    effects, or reads tensor data): capture again, and let break code make it again lazily
+    (`map(f, ...)`) instead, so that CPython pulls it after the break, in order. `index`
+    is its position among the lazy iterators alive there."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__("make the iterator again lazily")
+        self.index = index
 
 
 def _capture(
@@ -165,7 +170,7 @@ def _capture(
     wrap: Callable[[types.FunctionType], Callable[..., Any]] | None,
     policy: DynamicPolicy | None,
     stop_before: tuple[int, Unsupported] | None,
-    lazy: bool = False,
+    lazy: frozenset[int] = frozenset(),
 ) -> tuple:
     """Translate, harvest the graph and make the replacement code (before the backend
     compiles the graph: break code that cannot be made changes what the graph holds)."""
@@ -381,15 +386,16 @@ def _check_resumable(tracer: Any) -> None:
         )
 
 
-def _settle_iterators(tracer: Any, live: list[Any], lazy: bool) -> None:
+def _settle_iterators(tracer: Any, live: list[Any], lazy: frozenset[int]) -> None:
     """Lazy iterators alive at the break hand their remaining items to CPython as a tuple:
     computed here, when that shows no side effect; otherwise the capture runs again and
-    break code makes them again, lazy (`lazy`), where it can; else the frame runs eagerly."""
+    break code makes that one again, lazy (its index joins `lazy`), where it can; else the
+    frame runs eagerly."""
     try:
         settle_iterators(tracer, live, lazy)
-    except Unsupported as exc:
-        if not lazy:
-            raise _RebuildLazily() from exc
+    except SettleFailed as exc:
+        if exc.lazily and exc.index not in lazy:
+            raise _RebuildLazily(exc.index) from exc
         raise _runs_eagerly(
             exc.at(*tracer.location()) if not exc.location else exc, "at a graph break"
         ) from exc

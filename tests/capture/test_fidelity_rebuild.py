@@ -230,3 +230,111 @@ def test_closures_of_one_code_keep_their_own_cells():
     a, b = ember.compile(make_scaler(2)), ember.compile(make_scaler(3))
     torch.testing.assert_close(a(x), x * 2)
     torch.testing.assert_close(b(x), x * 3)
+
+
+# Lazy iterators alive across a break. One that can be computed ahead without a visible
+# side effect is (its items enter the graph before the break); one that cannot (a callback
+# that prints, appends or draws random numbers) is made again lazily by the break code over
+# its rebuilt function and the iterators it pulls, and CPython pulls it after the break, in
+# order. A list or tuple iterator (and a map, filter or zip over them) that a resume
+# function receives is traced over its sequence from where it stands.
+
+
+def map_with_a_printing_callback(x):
+    def f(t):
+        print("f", t.sum().item() > -100)
+        return t * 2
+
+    m = map(f, [x, x + 1, x + 2])
+    first = next(m)
+    print("break")
+    return first, list(m)
+
+
+def zip_enumerate_filter_in_locals(x):
+    xs = [x, x * 2, x * 3]
+    z = zip(xs, range(3))
+    e = enumerate(xs, 1)
+    flt = filter(lambda t: t.sum() > 0, xs)
+    next(e)
+    print("break")
+    return list(z), list(e), list(flt)
+
+
+def map_as_a_loop_iterator(x):
+    out = []
+    for y in map(lambda t: t + 1, [x, x * 2]):
+        print("item")
+        out.append(y)
+    return out
+
+
+def list_iterator_sees_appends_after_the_break(x):
+    xs = [x, x + 1]
+    it = iter(xs)
+    a = next(it)
+    print("break")
+    xs.append(x + 2)
+    return a, list(it)
+
+
+def tuple_iterator_argument(x, it):
+    first = next(it)
+    return x * first, [x + v for v in it]
+
+
+ITERATOR_PROGRAMS = [
+    map_with_a_printing_callback,
+    zip_enumerate_filter_in_locals,
+    map_as_a_loop_iterator,
+    list_iterator_sees_appends_after_the_break,
+]
+
+
+@pytest.mark.parametrize("fn", ITERATOR_PROGRAMS, ids=lambda f: f.__name__)
+def test_iterator_alive_across_a_break_is_rebuilt(fn):
+    check(fn, tensors((3,)))
+
+
+def test_iterators_from_outside_are_traced_and_left_where_eager_leaves_them():
+    """A tuple iterator passed in is pulled in the trace and moved on by the replay: the
+    caller's iterator is exhausted afterwards, as eagerly."""
+
+    def make():
+        return torch.ones(2), iter((1.0, 2.0, 3.0))
+
+    ember.reset()
+    compiled = ember.compile(tuple_iterator_argument, backend=CountingBackend("eager"))
+    for _ in range(2):
+        x, it = make()
+        got = compiled(x, it)
+        assert list(it) == []
+        x2, it2 = make()
+        want = tuple_iterator_argument(x2, it2)
+        torch.testing.assert_close(got, want)
+    stats = ember.stats()
+    assert (stats["graph_breaks"], stats["eager_frames"], stats["recompiles"]) == (0, 0, 0)
+    half = iter((1.0, 2.0, 3.0))
+    next(half)
+    out = compiled(torch.ones(2), half)  # another position: guarded, captured again
+    torch.testing.assert_close(out[0], torch.full((2,), 2.0))
+
+
+def zip_of_a_printing_map_in_a_comprehension(x):
+    def f(t):
+        print("f")
+        return t + 1
+
+    z = zip(map(f, [x, x * 2]), "ab")
+    print("break")
+    return [(t * 2, c) for t, c in z]
+
+
+def test_a_pull_whose_callback_breaks_resumes_the_loop():
+    """The map's function breaks while the comprehension's FOR_ITER pulls it: break code
+    runs the pull (`next(it, <end>)`) and resumes the loop's body, or past the loop. Before,
+    the frame ran eagerly. Each pull is a break of its own here (3 graphs, 3 breaks, no
+    eager frame) where Dynamo counts 2 and 2: it runs the rest of the comprehension in
+    CPython."""
+    counts = check(zip_of_a_printing_map_in_a_comprehension, tensors((3,)), dynamo=False)
+    assert counts.eager_frames == 0

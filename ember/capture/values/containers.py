@@ -556,6 +556,58 @@ class IteratorValue(Value):
         em.cg.call(1)
 
 
+class OutsideIterator(IteratorValue):
+    """A list or tuple iterator from outside (an argument; what break code hands a resume
+    function for an iterator alive at the break): its sequence is wrapped as any list or
+    tuple, from where the iterator stands. Pulling it is a change to an outside object: the
+    ledger moves the real iterator to where the trace left it (`__setstate__`), or runs
+    it out if the trace did."""
+
+    def __init__(self, items: list[Value], source: Any, start: int, kind: type) -> None:
+        super().__init__(items)
+        self.source = source
+        self.position = start
+        self.kind = kind
+        self.ran_out = False
+
+    def describe(self) -> str:
+        return f"{self.kind.__name__} from outside"
+
+    def python_type(self) -> type:
+        return self.kind
+
+    def next(self, tx: Translator) -> Value | None:
+        tx.ctx.effects.moved(self)
+        item = super().next(tx)
+        self.ran_out = item is None
+        return item
+
+    def iterate(self, tx: Translator) -> list[Value]:
+        tx.ctx.effects.moved(self)
+        self.ran_out = True
+        return super().iterate(tx)
+
+    def replay_position(self, em: Emitter) -> None:
+        """Bring the real iterator to where the trace left it."""
+        if self.ran_out:
+            em.cg.load_const(run_out, push_null=True)
+            self.source.emit(em.cg)
+            em.cg.call(1)
+        else:
+            self.source.emit(em.cg)
+            em.cg.load_method("__setstate__")
+            em.cg.load_const(self.position)
+            em.cg.call(1)
+        em.cg.pop_top()
+
+
+def run_out(it: Any) -> None:
+    """Pull an iterator to its end (a list's iterator then forgets its list, as after a
+    loop over it)."""
+    for _ in it:
+        pass
+
+
 def list_iterator_at(items: list, position: int) -> Any:
     """`iter(items)` advanced by `position` items."""
     it = iter(items)
