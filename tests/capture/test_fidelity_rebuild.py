@@ -143,7 +143,28 @@ def calls_a_helper_with_a_local_function(x):
     return kw_defaults_in_a_callee(y) + y
 
 
+def empty_cell_at_the_break(x):
+    def g():
+        return k * x
+
+    print("break")
+    k = 3
+    return g()
+
+
+def default_made_from_a_tensor(x):
+    y = x.cos()
+
+    def f(t, bias=y):
+        return t + bias
+
+    print("break")
+    return f(x), f.__defaults__[0] is y
+
+
 PROGRAMS = [
+    empty_cell_at_the_break,
+    default_made_from_a_tensor,
     closure_with_defaults,
     cell_written_after_the_break,
     closure_writes_nonlocal_after_the_break,
@@ -160,6 +181,55 @@ PROGRAMS = [
 def test_value_alive_across_a_break_is_rebuilt(fn):
     counts = check(fn, tensors((3,)))
     assert counts.eager_frames == 0 and counts.breaks >= 1
+
+
+HOOKS: list = []
+
+
+def closure_escapes_to_a_global_list(x):
+    scale = x.sum()
+
+    def hook(t):
+        return t * scale
+
+    HOOKS.append(hook)
+    print("break")
+    scale = scale + 1
+    return hook(x)
+
+
+def test_a_closure_stored_outside_shares_the_cell_the_frame_writes_later():
+    """The hook appended to a global list (a ledger write) is the rebuilt function over the
+    same cell as the resume function's `scale`: calling it afterwards sees the new value."""
+    check(
+        closure_escapes_to_a_global_list,
+        tensors((2,)),
+        state=lambda: [h(torch.ones(2)) for h in HOOKS],
+        reset=HOOKS.clear,
+    )
+
+
+def apply_twice(x, f):
+    return f(f(x)) + 1
+
+
+def make_adder(t):
+    def add(v):
+        return v + t
+
+    return add
+
+
+def test_closures_passed_in_are_guarded_by_code_and_cells():
+    """A closure argument made anew on each call is guarded by its code and its cell's
+    contents (a tensor: its metadata), not by its identity: no recompile per call."""
+    ember.reset()
+    compiled = ember.compile(apply_twice, backend=CountingBackend("eager"))
+    for i in range(4):
+        t = torch.full((2,), float(i))
+        torch.testing.assert_close(compiled(torch.ones(2), make_adder(t)), 1 + 2 * t + 1)
+    assert ember.stats()["recompiles"] == 0
+    torch.testing.assert_close(compiled(torch.ones(2), lambda v: v * 3), torch.full((2,), 10.0))
 
 
 def test_closures_returned_after_a_break_share_their_cell():
@@ -338,3 +408,25 @@ def test_a_pull_whose_callback_breaks_resumes_the_loop():
     CPython."""
     counts = check(zip_of_a_printing_map_in_a_comprehension, tensors((3,)), dynamo=False)
     assert counts.eager_frames == 0
+
+
+def generator_with_prints_across_a_break(x):
+    def gen():
+        for i in range(3):
+            print("gen", i)
+            yield x * i
+
+    g = gen()
+    first = next(g)
+    print("break")
+    return first, list(g)
+
+
+def test_a_generator_that_cannot_be_rebuilt_runs_the_frame_eagerly_with_a_reason():
+    """A generator's frame cannot be made again by break code, and pulling it ahead would
+    print early: the frame runs eagerly, as under Dynamo (0 graphs, 1 break, 1 frame
+    skipped), and the reason names the generator and the line that stopped it."""
+    check(generator_with_prints_across_a_break, tensors((2,)), eager_frames=1)
+    (reason,) = ember.stats()["break_reasons"]
+    assert "generator" in reason and "gen" in reason and "alive at the graph break" in reason
+    assert "test_fidelity_rebuild.py:" in reason

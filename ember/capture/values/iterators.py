@@ -575,4 +575,9 @@ def settle_iterators(tx: Translator, values: list[Value], lazy: frozenset[int]) 
         try:
             value.settle(tx)
         except Unsupported as exc:
+            if "alive at the graph break" not in exc.detail:  # a pull that itself broke
+                exc.detail = (
+                    f"a {value.describe()} alive at the graph break cannot be computed "
+                    f"ahead, nor made again ({exc.detail})"
+                )
             raise SettleFailed(exc, index, lazily) from exc
