@@ -571,33 +571,15 @@ def build_break_replacement(
     entry_mode = None if site.grad_mode is None else not site.grad_mode
     handler = cg.label()
     guarded = cg.try_block(handler) if site.handler is not None else contextlib.nullcontext()
-    if inst.op in _JUMP_CONDITIONS:
-        rest = slots[:-1]
+    if inst.op in _JUMP_CONDITIONS or inst.op is Op.FOR_ITER:
         _set_grad_mode(cg, entry_mode)
         handled = _handle_again(cg, slots, base, frame)
-        taken = cg.label()
-        with guarded:  # the truth of a tensor may raise
-            cg.load_fast(frame.stack(len(stack) - 1))
-            cg.pop_jump_if(_JUMP_CONDITIONS[inst.op], taken)
-        for n, target in enumerate((inst.index + 1, inst.target)):
+        other = cg.label()
+        with guarded:  # the truth of a tensor, or the pull, may raise
+            ways = _branch(cg, inst, slots, frame, other)
+        for n, (target, rest) in enumerate(ways):
             if n:
-                cg.place(taken)
-            _stop_handling(cg, handled)
-            resume = site.make_resume(target, rest, local_names, site.grad_mode)
-            _call_resume(cg, resume, rest, local_names, site.cells, frame)
-            _return(cg, callers)
-        _resume_at_handler(cg, site, handler, slots, local_names, entry_mode, handled, callers)
-        return cg.to_code()
-    if inst.op is Op.FOR_ITER:
-        _set_grad_mode(cg, entry_mode)
-        handled = _handle_again(cg, slots, base, frame)
-        done = cg.label()
-        with guarded:  # the pull may raise
-            _pull(cg, slots, frame, done)
-        item = [*slots[:-1], StackSlot(Slot.ITERATOR), StackSlot(Slot.VALUE)]
-        for target, rest in ((inst.index + 1, item), (inst.target, slots[:-1])):
-            if target == inst.target:  # exhausted: past the loop, without the iterator
-                cg.place(done)
+                cg.place(other)
             _stop_handling(cg, handled)
             resume = site.make_resume(target, rest, local_names, site.grad_mode)
             _call_resume(cg, resume, rest, local_names, site.cells, frame)
@@ -645,11 +627,19 @@ _EXHAUSTED = object()
 """What `next(iterator, _EXHAUSTED)` returns at the end (break code at FOR_ITER)."""
 
 
-def _pull(cg: CodeBuilder, slots: list[StackSlot], frame: FrameVars, done: Any) -> None:
-    """FOR_ITER run at a break (a pull whose callback breaks: a map's function that
-    prints): `next(iterator, _EXHAUSTED)` into the slot above the iterator, and a jump to
-    `done` when the iterator is exhausted."""
+def _branch(
+    cg: CodeBuilder, inst: Inst, slots: list[StackSlot], frame: FrameVars, other: Any
+) -> list[tuple[int, list[StackSlot]]]:
+    """A jump run at a break: emit its test, jumping to `other` for the second way; return
+    where each way continues and with which stack. For a jump on a value, after it or at
+    its target. For FOR_ITER (a pull whose callback breaks: a map's function that prints),
+    `next(iterator, _EXHAUSTED)` into the slot above the iterator: the loop's body with
+    the iterator and the item, or past the loop without the iterator."""
     top = len(slots) - 1
+    if inst.op is not Op.FOR_ITER:
+        cg.load_fast(frame.stack(top))
+        cg.pop_jump_if(_JUMP_CONDITIONS[inst.op], other)
+        return [(inst.index + 1, slots[:-1]), (inst.target, slots[:-1])]
     cg.load_const(iter, push_null=True)  # the items left (a tuple), or the iterator itself
     cg.load_fast(frame.stack(top))
     cg.call(1)
@@ -662,7 +652,9 @@ def _pull(cg: CodeBuilder, slots: list[StackSlot], frame: FrameVars, done: Any) 
     cg.store_fast(frame.stack(top + 1))
     cg.load_const(_EXHAUSTED)
     cg.emit("IS_OP", 0)
-    cg.pop_jump_if("TRUE", done)
+    cg.pop_jump_if("TRUE", other)
+    item = [*slots[:-1], StackSlot(Slot.ITERATOR), StackSlot(Slot.VALUE)]
+    return [(inst.index + 1, item), (inst.target, slots[:-1])]
 
 
 def _results(inst: Inst, pushes: int) -> list[StackSlot]:

@@ -130,19 +130,6 @@ def annotated_local_function(x):
     return f(x), f.__annotations__, f.__name__, f.__qualname__, f.__defaults__
 
 
-def kw_defaults_in_a_callee(h):
-    def scale(v, *, k=2):
-        return v * k
-
-    print("inner")
-    return scale(h)
-
-
-def calls_a_helper_with_a_local_function(x):
-    y = x.sin()
-    return kw_defaults_in_a_callee(y) + y
-
-
 def empty_cell_at_the_break(x):
     def g():
         return k * x
@@ -250,13 +237,6 @@ def test_closures_returned_after_a_break_share_their_cell():
     bump(10)
     cbump(10)
     torch.testing.assert_close(cread(), read())
-
-
-def test_a_callee_with_keyword_defaults_is_rebuilt_at_its_frame_break():
-    """A function made in the trace with keyword defaults (`scale`) used to stop break code
-    for its frame, and the frame ran eagerly; Dynamo counts 3 graphs and 2 breaks here."""
-    counts = check(calls_a_helper_with_a_local_function, tensors((3,)))
-    assert counts.eager_frames == 0
 
 
 def test_rebuilt_closures_do_not_recompile():
