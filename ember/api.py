@@ -179,7 +179,8 @@ def compile_function(fn: Callable[..., Any], opts: CompileOptions) -> Callable[.
     if is_disabled(fn):
         return fn
     original = getattr(fn, "_ember_original", fn)
-    cache = frame_cache.cache_for(original.__code__, opts)  # owned here, shared weakly
+    # owned here, shared weakly (per closure: see cache_for)
+    cache = frame_cache.cache_for(original.__code__, opts, original.__closure__)
     entries = cache.entries
 
     @functools.wraps(original)

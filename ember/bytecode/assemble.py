@@ -88,6 +88,11 @@ class CodeBuilder:
     def store_deref(self, name: str) -> None:
         self.emit("STORE_DEREF", self._cell(name))
 
+    def load_cell_object(self, name: str) -> None:
+        """Push the cell object of a cell variable that is a parameter (a resume function's
+        cell parameter): its slot holds the cell, and LOAD_FAST reads the slot as it is."""
+        self.emit("LOAD_FAST", name)
+
     def _cell(self, name: str) -> CellVar | FreeVar:
         return CellVar(name) if name in self._cells else FreeVar(name)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import types
 
-from bytecode import Instr, Label, TryBegin
+from bytecode import CellVar, FreeVar, Instr, Label, TryBegin
 
 from ember.bytecode.analysis import exception_table, stack_depth
 from ember.bytecode.assemble import CodeBuilder
@@ -47,6 +47,31 @@ class Continuation(CodeBuilder):
         bc.posonlyargcount = 0
         bc.kwonlyargcount = 0
         bc.argnames = list(argnames)
+
+    def take_cells(self, names: tuple[str, ...]) -> None:
+        """The cell variables `names` (parameters) arrive as cell objects: their MAKE_CELL
+        is dropped from the copied head, so the slot keeps the passed cell. (`copied_head`
+        still counts the original's head: it maps ordinals back to the original code.)"""
+        self.bc[:] = [
+            e
+            for e in self.bc
+            if not (isinstance(e, Instr) and e.name == "MAKE_CELL" and e.arg.name in names)
+        ]
+        if not self.bc.freevars or not set(self.bc.freevars) <= set(names):
+            return
+        # the free variables too: they become cell variables taken as parameters, and the
+        # code no longer has a closure
+        free = list(self.bc.freevars)
+        self.bc[:] = [
+            e for e in self.bc if not (isinstance(e, Instr) and e.name == "COPY_FREE_VARS")
+        ]
+        for entry in [*self.bc, *self._body]:
+            if isinstance(entry, Instr) and isinstance(entry.arg, FreeVar):
+                entry.arg = CellVar(entry.arg.name)
+        self.bc.freevars = []
+        self.bc.cellvars = [*self.bc.cellvars, *free]
+        self._frees = set()
+        self._cells |= set(free)
 
     def prologue_length(self) -> int:
         """Instructions before the copied body, the jump into it included."""

@@ -95,14 +95,19 @@ _caches: weakref.WeakValueDictionary[tuple[types.CodeType, Any], FrameCache] = (
 _latest: weakref.WeakValueDictionary[types.CodeType, FrameCache] = weakref.WeakValueDictionary()
 
 
-def cache_for(code: types.CodeType, options: Any = None) -> FrameCache:
+def cache_for(
+    code: types.CodeType, options: Any = None, closure: tuple | None = None
+) -> FrameCache:
     """The cache of one code object compiled with one set of options (a function compiled
     twice, say once with fullgraph=True, keeps separate entries), shared by the wrappers
-    alive for them. Without options: the cache most recently created for the code (for
-    inspection in tests and tools)."""
+    alive for them. A closure has a cache of its own: its entries' guards and replacement
+    code read the cells of the function they were captured for, so two closures of the same
+    code (a local function made again on each call of its maker) must not share entries.
+    Without options: the cache most recently created for the code (for inspection in tests
+    and tools)."""
     if options is None:
         return _latest.get(code) or FrameCache()
-    key = (code, options)
+    key = (code, options, tuple(map(id, closure)) if closure else None)
     cache = _caches.get(key)
     if cache is None:
         cache = _caches[key] = _latest[code] = FrameCache(code, options)

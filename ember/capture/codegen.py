@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ember import torch_compat
-from ember.bytecode import CodeBuilder, Inst, Op, decode, operands, with_null
+from ember.bytecode import CodeBuilder, Inst, Op, operands, with_null
 from ember.capture.output_graph import Harvest
 from ember.capture.resume import PASSED, Slot, StackSlot
 from ember.capture.shapes import concrete, has_symbols, is_symbolic
@@ -43,12 +43,13 @@ from ember.capture.values.functions import (
     BoundMethodValue,
     MethodValue,
     NestedFunctionValue,
-    RealCell,
+    PartialValue,
     UserFunctionValue,
 )
+from ember.capture.values.iterators import LazyIterator
 from ember.capture.values.mappings import DictObjectValue
 from ember.capture.values.modules import has_hooks
-from ember.capture.values.objects import ModuleValue, UserObjectValue
+from ember.capture.values.objects import CellValue, ModuleValue, UserObjectValue
 from ember.capture.values.tensor import TensorValue
 from ember.errors import BreakReason, Unsupported
 
@@ -129,6 +130,26 @@ class Emitter:
             self.cg.copy(1)
             self.cg.store_fast(name)
 
+    def load_cell(self, cell: Any) -> None:
+        """Push a closure cell as a real cell object. A cell made in the trace (CellValue) is
+        made once and shared by every function rebuilt over it and by the resume function
+        of its frame; it is made empty first, so that a function stored in its own cell (a
+        recursive local function) finds it."""
+        if not isinstance(cell, CellValue):
+            cell.emit(self.cg)
+            return
+        key = id(cell)
+        if key not in self._built:
+            name = self._built[key] = f"___tmp{len(self._built)}"
+            self.cg.load_const(types.CellType, push_null=True)
+            self.cg.call(0)
+            self.cg.store_fast(name)
+            if cell.contents is not None:
+                self.reconstruct(cell.contents)
+                self.cg.load_fast(name)
+                self.cg.store_attr("cell_contents")
+        self.cg.load_fast(self._built[key])
+
     def rebuild_fresh(self, container: Value) -> None:
         """Build a container's current contents as a new object (for replaying into it)."""
         saved = container.source
@@ -139,12 +160,16 @@ class Emitter:
             container.source = saved
 
 
+def _made_again(value: Value) -> bool:
+    """A lazy iterator that break code makes again as it stands, not from its items."""
+    return isinstance(value, LazyIterator) and not value.exhausted
+
+
 def _is_fresh_mutable(value: Value) -> bool:
     if value.source is not None:
         return False
-    return isinstance(value, (ListValue, DictValue)) or (
-        isinstance(value, UserObjectValue) and value.is_new
-    )
+    fresh = (ListValue, DictValue, NestedFunctionValue, PartialValue, IteratorValue)
+    return isinstance(value, fresh) or (isinstance(value, UserObjectValue) and value.is_new)
 
 
 def live_tensors(values: list[Value]) -> list[TensorValue | ConstantValue]:
@@ -174,7 +199,7 @@ def live_tensors(values: list[Value]) -> list[TensorValue | ConstantValue]:
         elif isinstance(v, (MethodValue, BoundMethodValue)):
             visit(v.receiver)
         elif isinstance(v, IteratorValue):
-            for item in v.items[v.position :]:
+            for item in [*v.items[v.position :], *v.contained()]:
                 visit(item)
         else:
             for item in v.contained():
@@ -202,8 +227,11 @@ class BreakSite:
     locals: dict[str, Value]
     untouched_args: list[str]
     kw_names: tuple[str, ...]
-    cells: dict[str, Value]
-    """Contents of the frame's own cells (locals captured by nested functions)."""
+    cells: dict[str, Any]
+    """The frame's own cells (locals captured by nested functions: CellValue, or RealCell
+    in a resume function, which receives them as cells). They travel to the resume
+    function as cell objects (`Emitter.load_cell`), shared with the functions rebuilt over
+    them."""
     make_resume: Callable[..., Callable[..., Any]]
     """(target index, stack slots, local names) -> the compiled resume function."""
     wrap_callee: Callable[[Any], Any]
@@ -233,7 +261,7 @@ class CallerSite:
     """Its stack below the call's operands."""
     locals: dict[str, Value]
     untouched_args: list[str]
-    cells: dict[str, Value]
+    cells: dict[str, Any]
     make_resume: Callable[..., Callable[..., Any]]
 
 
@@ -248,7 +276,7 @@ class FrameVars:
     def stack(self, i: int) -> str:
         return break_temp(i) if self.depth == 0 else f"___f{self.depth}_break_{i}"
 
-    def local(self, name: str, cells: dict[str, Value]) -> str:
+    def local(self, name: str, cells: dict[str, Any]) -> str:
         if name in cells:
             return cell_temp(name) if self.depth == 0 else f"___f{self.depth}_cell_{name}"
         return name if self.depth == 0 else f"___f{self.depth}_local_{name}"
@@ -311,52 +339,14 @@ def build_replacement(
     return cg.to_code()
 
 
-def _writes_free_variables(code: types.CodeType) -> bool:
-    for ins in decode(code):
-        if ins.opname in ("STORE_DEREF", "DELETE_DEREF") and ins.argval in code.co_freevars:
-            return True
-    return any(isinstance(c, types.CodeType) and _writes_free_variables(c) for c in code.co_consts)
-
-
-def _rebuild_nested_function(
-    em: Emitter, value: NestedFunctionValue, site: BreakSite, compiled: bool = True
-) -> None:
-    """A function made during capture and called at the break (a comprehension on 3.11, a
-    local helper): made again at run time, wrapped so that ember captures it. Cells of the
-    frame are passed as fresh cells holding their current contents, which is exact because
-    the function is called at once and never assigns them."""
-    cg = em.cg
-    if value.kwdefaults or _writes_free_variables(value.code):
-        raise Unsupported(
-            BreakReason.UNSUPPORTED_OBJECT,
-            f"{value.describe()} (keyword defaults or `nonlocal` writes) cannot be made again "
-            "at a graph break",
-        )
-    if compiled:
-        cg.load_const(site.wrap_callee, push_null=True)
-    cg.load_const(types.FunctionType, push_null=True)
-    cg.load_const(value.code)
-    cg.load_const(value.f_globals)
-    cg.load_const(value.code.co_name)
-    if value.defaults:
-        em.reconstruct(TupleValue(list(value.defaults)))
-    else:
-        cg.load_const(None)
-    for cell in value.closure:
-        if isinstance(cell, RealCell):
-            cg.load_const(cell.cell)
-            continue
-        if getattr(cell, "contents", None) is None:
-            raise Unsupported(
-                BreakReason.UNSUPPORTED_OBJECT, f"{value.describe()} reads an unassigned cell"
-            )
-        cg.load_const(types.CellType, push_null=True)
-        em.reconstruct(cell.contents)
-        cg.call(1)
-    cg.build("TUPLE", len(value.closure))
-    cg.call(5)
-    if compiled:
-        cg.call(1)
+def _rebuild_callee(em: Emitter, value: Value, site: BreakSite) -> None:
+    """A function made in the trace (a comprehension on 3.11, a local helper) or a local
+    function from outside guarded by its code, called at the break: the very function the
+    frame holds, wrapped at run time so that ember captures its call (its closure is this
+    call's, so the wrapper is made here: compiled functions keep one cache per closure)."""
+    em.cg.load_const(site.wrap_callee, push_null=True)
+    em.reconstruct(value)
+    em.cg.call(1)
 
 
 def _captured_again(value: Value) -> bool:
@@ -373,10 +363,12 @@ def _reconstruct_callee(em: Emitter, value: Value, site: BreakSite) -> None:
     """The callable of the call that broke: user functions go through ember again."""
     if not _captured_again(value):
         em.reconstruct(value)
+    elif isinstance(value, NestedFunctionValue) or (
+        isinstance(value, UserFunctionValue) and value.by_code
+    ):
+        _rebuild_callee(em, value, site)
     elif isinstance(value, UserFunctionValue):
         em.cg.load_const(site.wrap_callee(value.fn))
-    elif isinstance(value, NestedFunctionValue):
-        _rebuild_nested_function(em, value, site)
     elif isinstance(value, BoundMethodValue) and isinstance(value.fn, UserFunctionValue):
         em.cg.load_const(types.MethodType, push_null=True)
         em.cg.load_const(site.wrap_callee(value.fn.fn))
@@ -424,7 +416,7 @@ def _call_resume(
     resume: Callable[..., Any],
     slots: list[StackSlot],
     local_names: list[str],
-    cells: dict[str, Value],
+    cells: dict[str, Any],
     frame: FrameVars,
 ) -> None:
     """Call a frame's resume function on its stack slots and locals, leaving its result."""
@@ -460,7 +452,10 @@ class _Caller:
 def _store_frame(em: Emitter, site: CallerSite | BreakSite, frame: FrameVars) -> list[str]:
     """Rebuild an inlined frame's cells and locals into its variables (before the replay,
     which cannot reach them); returns the local names its resume functions take."""
-    for name, value in [*site.cells.items(), *site.locals.items()]:
+    for name, cell in site.cells.items():
+        em.load_cell(cell)
+        em.cg.store_fast(frame.local(name, site.cells))
+    for name, value in site.locals.items():
         em.reconstruct(value)
         em.cg.store_fast(frame.local(name, site.cells))
     return list(site.locals) + site.untouched_args + list(site.cells)
@@ -481,13 +476,12 @@ def _store_stack(
         kind = slots[i].kind
         if i == callee_at and kind is not Slot.NULL:
             _reconstruct_callee(em, value, site)
+        elif kind is Slot.ITERATOR and _made_again(value):
+            em.reconstruct(value)  # a lazy iterator not settled (frame.py): GET_ITER keeps it
         elif kind is Slot.ITERATOR:
             em.reconstruct(TupleValue(value.items[value.position :]))
         elif kind is Slot.METHOD:
             em.reconstruct(value.receiver)
-        elif isinstance(value, NestedFunctionValue) and i >= base:
-            # a function argument of the broken call (`sorted(xs, key=lambda v: ...)`)
-            _rebuild_nested_function(em, value, site, compiled=False)
         elif kind is Slot.HANDLING:
             em.reconstruct(value.handled)
         elif kind is Slot.VALUE:
@@ -519,8 +513,8 @@ def _store_root_locals(em: Emitter, site: CallerSite | BreakSite) -> None:
     """The compiled function's own cells and locals: rebuilt before the replay, which may
     change what they read (`old = v.data; v.data = ...`), and stored in the frame's own
     variables after it, through temps (the replay may reach objects through them)."""
-    for name, value in site.cells.items():
-        em.reconstruct(value)
+    for name, cell in site.cells.items():
+        em.load_cell(cell)
         em.cg.store_fast(cell_temp(name))
     for j, value in enumerate(site.locals.values()):
         em.reconstruct(value)
@@ -551,7 +545,10 @@ def build_break_replacement(
     _set_grad_mode(cg, site.grad_mode)
     stack, inst, frame = site.stack, site.inst, site.frame
     slots = [_slot(v) for v in stack]
-    pops, pushes = operands(inst) if can_resume_after(inst) else (0, 0)
+    if inst.op is Op.FOR_ITER:
+        pops, pushes = 1, 0
+    else:
+        pops, pushes = operands(inst) if can_resume_after(inst) else (0, 0)
     base = len(stack) - pops
     callee_at = -1
     if inst.op in _CALLS:  # [NULL, callable], [callable, NULL] or [function, self]; args
@@ -574,17 +571,15 @@ def build_break_replacement(
     entry_mode = None if site.grad_mode is None else not site.grad_mode
     handler = cg.label()
     guarded = cg.try_block(handler) if site.handler is not None else contextlib.nullcontext()
-    if inst.op in _JUMP_CONDITIONS:
-        rest = slots[:-1]
+    if inst.op in _JUMP_CONDITIONS or inst.op is Op.FOR_ITER:
         _set_grad_mode(cg, entry_mode)
         handled = _handle_again(cg, slots, base, frame)
-        taken = cg.label()
-        with guarded:  # the truth of a tensor may raise
-            cg.load_fast(frame.stack(len(stack) - 1))
-            cg.pop_jump_if(_JUMP_CONDITIONS[inst.op], taken)
-        for n, target in enumerate((inst.index + 1, inst.target)):
+        other = cg.label()
+        with guarded:  # the truth of a tensor, or the pull, may raise
+            ways = _branch(cg, inst, slots, frame, other)
+        for n, (target, rest) in enumerate(ways):
             if n:
-                cg.place(taken)
+                cg.place(other)
             _stop_handling(cg, handled)
             resume = site.make_resume(target, rest, local_names, site.grad_mode)
             _call_resume(cg, resume, rest, local_names, site.cells, frame)
@@ -626,6 +621,40 @@ def build_break_replacement(
     _return(cg, callers)
     _resume_at_handler(cg, site, handler, slots, local_names, entry_mode, handled, callers)
     return cg.to_code()
+
+
+_EXHAUSTED = object()
+"""What `next(iterator, _EXHAUSTED)` returns at the end (break code at FOR_ITER)."""
+
+
+def _branch(
+    cg: CodeBuilder, inst: Inst, slots: list[StackSlot], frame: FrameVars, other: Any
+) -> list[tuple[int, list[StackSlot]]]:
+    """A jump run at a break: emit its test, jumping to `other` for the second way; return
+    where each way continues and with which stack. For a jump on a value, after it or at
+    its target. For FOR_ITER (a pull whose callback breaks: a map's function that prints),
+    `next(iterator, _EXHAUSTED)` into the slot above the iterator: the loop's body with
+    the iterator and the item, or past the loop without the iterator."""
+    top = len(slots) - 1
+    if inst.op is not Op.FOR_ITER:
+        cg.load_fast(frame.stack(top))
+        cg.pop_jump_if(_JUMP_CONDITIONS[inst.op], other)
+        return [(inst.index + 1, slots[:-1]), (inst.target, slots[:-1])]
+    cg.load_const(iter, push_null=True)  # the items left (a tuple), or the iterator itself
+    cg.load_fast(frame.stack(top))
+    cg.call(1)
+    cg.store_fast(frame.stack(top))
+    cg.load_const(next, push_null=True)
+    cg.load_fast(frame.stack(top))
+    cg.load_const(_EXHAUSTED)
+    cg.call(2)
+    cg.copy(1)
+    cg.store_fast(frame.stack(top + 1))
+    cg.load_const(_EXHAUSTED)
+    cg.emit("IS_OP", 0)
+    cg.pop_jump_if("TRUE", other)
+    item = [*slots[:-1], StackSlot(Slot.ITERATOR), StackSlot(Slot.VALUE)]
+    return [(inst.index + 1, item), (inst.target, slots[:-1])]
 
 
 def _results(inst: Inst, pushes: int) -> list[StackSlot]:
@@ -747,7 +776,12 @@ def can_rebuild(template: types.CodeType, value: Value) -> bool:
 
 def can_resume_after(inst: Inst) -> bool:
     """Whether break code can run this instruction in CPython and resume after it."""
-    return inst.op in _CALLS or inst.op in _REPLAYABLE or inst.op in _JUMP_CONDITIONS
+    return (
+        inst.op in _CALLS
+        or inst.op in _REPLAYABLE
+        or inst.op in _JUMP_CONDITIONS
+        or inst.op is Op.FOR_ITER
+    )
 
 
 def _emit_unsupported(cg: CodeBuilder, inst: Inst, kw_names: tuple[str, ...]) -> None:

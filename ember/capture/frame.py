@@ -37,7 +37,7 @@ from ember.capture.codegen import (
 )
 from ember.capture.guards import build_guard_function
 from ember.capture.handlers.control import enters_in_python
-from ember.capture.nested import frame_function
+from ember.capture.nested import frame_function, passes_free_cells
 from ember.capture.resume import (
     StackSlot,
     handler_at,
@@ -52,7 +52,8 @@ from ember.capture.translator import (
     root_translator,
 )
 from ember.capture.values.exceptions import TracedRaise
-from ember.capture.values.iterators import settle_iterators
+from ember.capture.values.functions import RealCell
+from ember.capture.values.iterators import SettleFailed, settle_iterators
 from ember.capture.values.objects import CellValue
 from ember.distributed import active_ddp, split_at_buckets
 from ember.errors import BackendCompilerFailed, Unsupported
@@ -88,14 +89,17 @@ def capture_call(
     unsupported instruction becomes a graph break; without it, Unsupported propagates.
     `policy` says which argument sizes are symbols (ember/capture/shapes.py)."""
     stop_before = None
+    lazy: frozenset[int] = frozenset()
     while True:
         try:
             ctx, tracer, brk, harvest, compiled_name, code = _capture(
-                fn, args, kwargs, wrap, policy, stop_before
+                fn, args, kwargs, wrap, policy, stop_before, lazy
             )
             break
         except _BreakInCaller as retry:  # break code for the inlined frame failed
             stop_before = retry.stop
+        except _RebuildLazily as retry:
+            lazy |= {retry.index}
     graph = None
     if compiled_name is not None:
         graph = harvest.gm
@@ -148,6 +152,17 @@ class _BreakInCaller(Exception):
         self.stop = stop
 
 
+class _RebuildLazily(Exception):
+    """An iterator alive at the break cannot be computed ahead (pulling it has side
+    effects, or reads tensor data): capture again, and let break code make it again lazily
+    (`map(f, ...)`) instead, so that CPython pulls it after the break, in order. `index`
+    is its position among the lazy iterators alive there."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__("make the iterator again lazily")
+        self.index = index
+
+
 def _capture(
     fn: types.FunctionType,
     args: tuple,
@@ -155,6 +170,7 @@ def _capture(
     wrap: Callable[[types.FunctionType], Callable[..., Any]] | None,
     policy: DynamicPolicy | None,
     stop_before: tuple[int, Unsupported] | None,
+    lazy: frozenset[int] = frozenset(),
 ) -> tuple:
     """Translate, harvest the graph and make the replacement code (before the backend
     compiles the graph: break code that cannot be made changes what the graph holds)."""
@@ -172,7 +188,7 @@ def _capture(
             ]
             live = [v for part in parts for v in part.values()]
             with _in_caller_on_failure(frames):
-                _settle_iterators(host, live)
+                _settle_iterators(host, live, lazy)
         else:
             live = [result]
         outputs = live_tensors([*live, *ctx.effects.pending_values()])
@@ -195,7 +211,7 @@ def _capture(
         at.untouched,
         host.kw_names,
         at.cells,
-        functools.partial(_install_resume, at.fn, host, wrap),
+        functools.partial(_install_resume, at.fn, host, wrap, tuple(at.cells)),
         wrap,
         mode_at_break if mode_at_break != grad_mode else None,
         _handler(at.fn.__code__, host),
@@ -290,10 +306,11 @@ class _FrameAtBreak:
         names = _live_at(fn.__code__, tracer.insts, targets)
         kept = {k: v for k, v in tracer.locals.items() if k in names}
         untouched = [k for k in tracer._lazy_args if k in names]
-        return cls(fn, tracer, kept, untouched, _live_cells(fn.__code__, tracer))
+        return cls(fn, tracer, kept, untouched, _live_cells(fn.__code__, tracer, is_host))
 
     def values(self) -> list[Any]:
-        return [*self.tracer.stack, *self.kept.values(), *self.cells.values()]
+        contents = [getattr(cell, "contents", None) for cell in self.cells.values()]
+        return [*self.tracer.stack, *self.kept.values(), *filter(None, contents)]
 
     def caller(self, wrap: Callable[..., Any]) -> CallerSite:
         """This frame as the caller of the frame below, continuing after its call."""
@@ -303,7 +320,7 @@ class _FrameAtBreak:
             self.kept,
             self.untouched,
             self.cells,
-            functools.partial(_install_resume, self.fn, self.tracer, wrap),
+            functools.partial(_install_resume, self.fn, self.tracer, wrap, tuple(self.cells)),
         )
 
 
@@ -318,14 +335,19 @@ def _live_at(code: types.CodeType, insts: list, targets: list[int]) -> frozenset
     return frozenset(n for n in names if not n.startswith("___stack_"))
 
 
-def _live_cells(code: types.CodeType, tracer: Any) -> dict[str, Any]:
-    """The contents of the frame's own cells at a break; they travel to the resume function
-    like locals (its copied MAKE_CELL instructions make new cells of them)."""
+def _live_cells(code: types.CodeType, tracer: Any, is_host: bool = True) -> dict[str, Any]:
+    """The frame's own cells at a break (CellValue, or RealCell in a resume function that
+    received them). They travel to the resume function as the cell objects themselves,
+    which its code takes as parameters instead of making new ones: a function made in the
+    trace and alive after the break shares them with the rest of the frame. An inlined
+    frame whose closure differs between calls passes its free variables the same way."""
     cells = {}
     for name in code.co_cellvars:
         cell = tracer.cells.get(name)
-        if isinstance(cell, CellValue) and cell.contents is not None:
-            cells[name] = cell.contents
+        if isinstance(cell, CellValue) or isinstance(cell, RealCell) and not cell.fixed:
+            cells[name] = cell
+    if passes_free_cells(tracer):
+        cells.update((name, tracer.cells[name]) for name in code.co_freevars)
     return cells
 
 
@@ -364,12 +386,16 @@ def _check_resumable(tracer: Any) -> None:
         )
 
 
-def _settle_iterators(tracer: Any, live: list[Any]) -> None:
+def _settle_iterators(tracer: Any, live: list[Any], lazy: frozenset[int]) -> None:
     """Lazy iterators alive at the break hand their remaining items to CPython as a tuple:
-    computed here, when that shows no side effect; otherwise the frame runs eagerly."""
+    computed here, when that shows no side effect; otherwise the capture runs again and
+    break code makes that one again, lazy (its index joins `lazy`), where it can; else the
+    frame runs eagerly."""
     try:
-        settle_iterators(tracer, live)
-    except Unsupported as exc:
+        settle_iterators(tracer, live, lazy)
+    except SettleFailed as exc:
+        if exc.lazily and exc.index not in lazy:
+            raise _RebuildLazily(exc.index) from exc
         raise _runs_eagerly(
             exc.at(*tracer.location()) if not exc.location else exc, "at a graph break"
         ) from exc
@@ -379,14 +405,16 @@ def _install_resume(
     fn: types.FunctionType,
     tracer: Any,
     wrap: Callable[..., Any],
+    cells: tuple[str, ...],
     target: int,
     slots: list[StackSlot],
     local_names: list[str],
     grad_mode: bool | None = None,
 ) -> Callable[..., Any]:
     """The compiled resume function that break code calls (a constant of that code, so it
-    lives as long as the cache entry; resume functions of the same place share one cache)."""
-    resume = make_resume_function(fn, target, slots, local_names, tracer.insts, grad_mode)
+    lives as long as the cache entry; resume functions of the same place share one cache).
+    `cells` are the cell variables it takes as cell objects."""
+    resume = make_resume_function(fn, target, slots, local_names, tracer.insts, grad_mode, cells)
     return _depth_limited(wrap(resume), resume)
 
 

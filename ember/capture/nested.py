@@ -12,8 +12,11 @@ the outermost call instead captures each callee again, and each records the same
 
 Frames that cannot take part: generator frames (their state lives in a generator object),
 frames inside a `try` or `with` block or an `except` handler at that point (an exception
-would have to reach a handler of a caller), and inlined functions whose closure holds cells
-made in the trace (a resume function needs real cells).
+would have to reach a handler of a caller), and methods that use zero-argument `super()`
+(its `__class__` must stay a free variable). An inlined function whose closure holds cells
+that are not the same on every call (made in the trace, or of a closure guarded by its
+code) takes part too: its resume function receives its free variables as cell objects
+(`passes_free_cells`), so break code hands it this call's cells.
 """
 
 from __future__ import annotations
@@ -107,13 +110,31 @@ def _can_resume(frame: Translator, inlined: bool) -> bool:
         return True
     if frame.code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE):
         return False
-    return all(isinstance(frame.cells.get(name), RealCell) for name in frame.code.co_freevars)
+    return "__class__" not in frame.code.co_freevars or not passes_free_cells(frame)
+
+
+def _fixed(cell: object) -> bool:
+    """A cell that is the same on every call (its resume function can close over it)."""
+    return isinstance(cell, RealCell) and cell.fixed
+
+
+def passes_free_cells(frame: Translator) -> bool:
+    """Whether the resume functions of an inlined frame take its free variables as cell
+    parameters (some cell of its closure differs between calls) instead of closing over
+    the cells the capture saw."""
+    return frame.parent is not None and not all(
+        _fixed(frame.cells.get(name)) for name in frame.code.co_freevars
+    )
 
 
 def frame_function(frame: Translator) -> types.FunctionType:
     """A function object for an inlined frame's code, globals and closure: what its resume
-    functions are made from (the root frame's is the compiled function itself)."""
-    closure = tuple(frame.cells[name].cell for name in frame.code.co_freevars)
+    functions are made from (the root frame's is the compiled function itself). Where the
+    resume functions take the free variables as parameters, the closure is a stand-in."""
+    closure = tuple(
+        frame.cells[name].cell if _fixed(frame.cells[name]) else types.CellType()
+        for name in frame.code.co_freevars
+    )
     return types.FunctionType(
         frame.code, frame.f_globals, frame.code.co_name, None, closure or None
     )

@@ -123,6 +123,18 @@ def _ordinal(insts: list[Inst], target: int) -> int:
     return sum(1 for i in insts[:target] if i.opname != "EXTENDED_ARG")
 
 
+_cell_params: weakref.WeakKeyDictionary[types.CodeType, tuple[str, ...]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Resume code -> its cell variables that arrive as cell objects (see `_build`)."""
+
+
+def cell_params(code: types.CodeType) -> tuple[str, ...]:
+    """The parameters of a resume function's code that are cells, not values: the capture
+    of that code reads and writes them as real cells (`RealCell`, not fixed)."""
+    return _cell_params.get(code, ())
+
+
 def make_resume_function(
     fn: types.FunctionType,
     target: int,
@@ -130,6 +142,7 @@ def make_resume_function(
     local_names: list[str],
     insts: list[Inst],
     grad_mode: bool | None = None,
+    cells: tuple[str, ...] = (),
 ) -> types.FunctionType:
     """A function that continues `fn` at instruction index `target` (of `insts`). With
     `grad_mode`, its prologue sets that grad mode first: a break inside a grad-mode block
@@ -140,12 +153,15 @@ def make_resume_function(
     origin = _origins.get(code)
     if origin is not None and ordinal >= origin.prologue:
         code, ordinal = origin.code, ordinal + origin.shift
-    cells = tuple(map(id, fn.__closure__ or ()))  # the made function keeps them alive
-    key = (code, ordinal, tuple(slots), tuple(local_names), cells, id(fn.__globals__), grad_mode)
+    closure = tuple(map(id, fn.__closure__ or ()))  # the made function keeps them alive
+    if set(code.co_freevars) <= set(cells):  # passed as parameters: no closure
+        closure = ()
+    key = (code, ordinal, tuple(slots), tuple(local_names), closure, id(fn.__globals__))
+    key += (grad_mode, cells)
     made = _made.get(key)
     if made is None:
         offset = insts[target].offset
-        made = _made[key] = _build(fn, code, ordinal, slots, local_names, offset, grad_mode)
+        made = _made[key] = _build(fn, code, ordinal, slots, local_names, offset, grad_mode, cells)
     return made
 
 
@@ -157,10 +173,13 @@ def _build(
     local_names: list[str],
     offset: int,
     grad_mode: bool | None = None,
+    cells: tuple[str, ...] = (),
 ) -> types.FunctionType:
     """Copy `code`, with a prologue that pushes the stack slots back and jumps to the
-    instruction of the given ordinal. Cell variables stay cells: live ones arrive as
-    parameters, which the copied MAKE_CELL instructions turn into fresh cells."""
+    instruction of the given ordinal. Cell variables stay cells: those in `cells` arrive
+    as the cell objects themselves, parameters whose MAKE_CELL is dropped from the copied
+    head, so that CPython's LOAD_DEREF/STORE_DEREF use the passed cell (the one a function
+    rebuilt at the break closes over); the others are made afresh by their MAKE_CELL."""
     stack_names = [stack_param(i) for i, slot in enumerate(slots) if slot.kind in PASSED]
     params = [
         name if name.isidentifier() else f"___local_{i}" for i, name in enumerate(local_names)
@@ -170,6 +189,7 @@ def _build(
         cg = Continuation(code, ordinal, name, stack_names + params)
     except CannotContinue as exc:
         raise Unsupported(BreakReason.UNSUPPORTED_OPCODE, str(exc)) from exc
+    cg.take_cells(cells)
     for param, name in zip(params, local_names):
         if param != name:  # `@py_assert1` (pytest's rewritten asserts) cannot be a parameter
             cg.load_fast(param)
@@ -194,4 +214,7 @@ def _build(
     prologue = cg.prologue_length()
     new_code = cg.to_code()
     _origins[new_code] = _Origin(code, cg.copied_head - prologue, prologue)
-    return types.FunctionType(new_code, fn.__globals__, new_code.co_name, None, fn.__closure__)
+    if cells:
+        _cell_params[new_code] = cells
+    closure = fn.__closure__ if new_code.co_freevars else None  # free variables passed
+    return types.FunctionType(new_code, fn.__globals__, new_code.co_name, None, closure)

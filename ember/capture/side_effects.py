@@ -39,6 +39,8 @@ class SideEffects:
         self._containers: dict[int, Value] = {}
         self._globals: dict[tuple[int, str], tuple[dict, str, Value]] = {}
         self._cells: dict[int, tuple[Any, Value]] = {}
+        self._iterators: dict[int, Any] = {}
+        """List and tuple iterators from outside that the trace pulled."""
         self.version = 0
         self.advances = 0
         """Counts every recorded mutation, also of objects made during capture, so a graph
@@ -119,16 +121,25 @@ class SideEffects:
         return entry[2] if entry else None
 
     def store_cell(self, cell: Any, value: Value) -> None:
+        """A write to a real cell (a RealCell: replayed into the cell it reloads)."""
         self._check_fence(None, "a closure variable")
         self.version += 1
-        self._cells[id(cell)] = (cell, value)
+        self._cells[id(cell.cell)] = (cell, value)
+
+    def moved(self, iterator: Value) -> None:
+        """An iterator from outside was pulled (values/containers.py OutsideIterator)."""
+        self._check_fence(iterator, iterator.describe())
+        self.version += 1
+        self._iterators[id(iterator)] = iterator
 
     def load_cell(self, cell: Any) -> Value | None:
         entry = self._cells.get(id(cell))
         return entry[1] if entry else None
 
     def __bool__(self) -> bool:
-        return bool(self._attrs or self._containers or self._globals or self._cells)
+        return bool(
+            self._attrs or self._containers or self._globals or self._cells or self._iterators
+        )
 
     def pending_values(self) -> list[Value]:
         """Every value the replay will rebuild (their tensors must be graph outputs)."""
@@ -191,8 +202,11 @@ class SideEffects:
                 cg.load_const(target[1])
                 cg.store_subscr()
             else:
-                cg.load_const(target)
+                target.emit(cg)
                 cg.store_attr("cell_contents")
+        for iterator in self._iterators.values():
+            logs.log("side_effects", "replay the position of %s", iterator.source.name())
+            iterator.replay_position(em)
 
     @staticmethod
     def _store_attr(cg: Any, obj: Value, name: str) -> None:

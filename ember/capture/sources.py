@@ -178,6 +178,27 @@ class CellSource(Source):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class CellParamSource(Source):
+    """A cell object that a resume function receives as a parameter (its cell variable of
+    that name): the guard reads the parameter, generated code the raw slot, not the
+    contents that LOAD_DEREF would give."""
+
+    var: str
+
+    def name(self) -> str:
+        return f"L[{self.var!r}] (cell)"
+
+    def expr(self, scope: GuardScope) -> str:
+        return self.var
+
+    def emit(self, cg: CodeBuilder) -> None:
+        cg.load_cell_object(self.var)
+
+    def is_local(self) -> bool:
+        return True
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class AttrSource(Source):
     base: Source
     attr: str
@@ -274,6 +295,59 @@ class IterationSource(Source):
 
     def emit(self, cg: CodeBuilder) -> None:
         raise NotImplementedError("only guarded, never reloaded")
+
+
+def iterator_state(it: Any) -> tuple[Any, int]:
+    """A list or tuple iterator's sequence and index, read without advancing it (from its
+    `__reduce__`); an exhausted one gives an empty tuple and -1."""
+    reduced = it.__reduce__()
+    if len(reduced) < 3:
+        return (), -1
+    return reduced[1][0], reduced[2]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class IteratorStateSource(Source):
+    """`iterator_state(base)[part]`: the sequence (0) or the index (1) of a list or tuple
+    iterator from outside (values/containers.py OutsideIterator)."""
+
+    base: Source
+    part: int
+
+    def name(self) -> str:
+        return f"{('sequence', 'index')[self.part]} of {self.base.name()}"
+
+    def expr(self, scope: GuardScope) -> str:
+        call = f"{scope.const(iterator_state, 'f')}({self.base.expr(scope)})[{self.part}]"
+        return scope.bind(self, call)
+
+    def emit(self, cg: CodeBuilder) -> None:
+        cg.load_const(iterator_state, push_null=True)
+        self.base.emit(cg)
+        cg.call(1)
+        cg.load_const(self.part)
+        cg.subscr()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReduceArgsSource(Source):
+    """`base.__reduce__()[1]`: what a map, filter or zip object was made from (its
+    function and the iterators it pulls), read without pulling it."""
+
+    base: Source
+
+    def name(self) -> str:
+        return f"{self.base.name()}.__reduce__()[1]"
+
+    def expr(self, scope: GuardScope) -> str:
+        return scope.bind(self, f"{self.base.expr(scope)}.__reduce__()[1]")
+
+    def emit(self, cg: CodeBuilder) -> None:
+        self.base.emit(cg)
+        cg.load_method("__reduce__")
+        cg.call(0)
+        cg.load_const(1)
+        cg.subscr()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -20,9 +20,16 @@ from ember import config, torch_compat
 from ember.bytecode import Inst, decode, handler_at
 from ember.capture.guards import GuardKind, GuardSet
 from ember.capture.output_graph import OutputGraph
+from ember.capture.resume import cell_params
 from ember.capture.shapes import DynamicPolicy, SymbolicShapes
 from ember.capture.side_effects import SideEffects
-from ember.capture.sources import CellSource, LocalSource, global_source
+from ember.capture.sources import (
+    AttrSource,
+    CellParamSource,
+    CellSource,
+    LocalSource,
+    global_source,
+)
 from ember.capture.values.base import (
     ConstantValue,
     FoldingRaised,
@@ -210,7 +217,7 @@ class Translator:
     def store_cell(self, name: str, value: Value) -> None:
         cell = self.cells[name]
         if isinstance(cell, RealCell):
-            self.ctx.effects.store_cell(cell.cell, value)
+            self.ctx.effects.store_cell(cell, value)
         else:
             cell.store(self, value)
 
@@ -578,6 +585,9 @@ def root_translator(
     cells: dict[str, Any] = {}
     for index, (name, cell) in enumerate(zip(fn.__code__.co_freevars, fn.__closure__ or ())):
         cells[name] = RealCell(cell, CellSource(name, index))
+    for name in cell_params(code):  # a resume function's cells, passed as cell objects
+        holder = CellParamSource(name)
+        cells[name] = RealCell(lazy.pop(name), AttrSource(holder, "cell_contents"), holder, False)
     ctx.guards.add(GuardKind.GRAD_MODE, None, torch.is_grad_enabled())
     ctx.stop_before = stop_before
     tracer = Translator(ctx, fn.__code__, fn.__globals__, {}, cells, lazy_args=lazy)

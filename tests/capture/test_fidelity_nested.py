@@ -352,10 +352,9 @@ def unrebuildable_local_in_the_callee(x):
     return _keeps_a_local_function(y) + y
 
 
-def test_a_callee_whose_locals_cannot_be_rebuilt_breaks_at_its_call_as_before():
-    """Break code for the callee's frame cannot rebuild `scale` (a function made in the
-    trace with keyword defaults): the capture is run again and the break taken at the call,
-    the callee then compiled on its own, where that same break makes it run eagerly (as
-    before this change; Dynamo rebuilds such functions and counts 3 graphs, 2 breaks)."""
-    counts = check(unrebuildable_local_in_the_callee, tensors((3,)), eager_frames=1, dynamo=False)
-    assert (counts.graphs, counts.breaks) == (2, 2)
+def test_a_callee_with_a_local_function_with_keyword_defaults_takes_the_break():
+    """Break code for the callee's frame rebuilds `scale` (a function made in the trace with
+    keyword defaults; before, it could not, and the callee ran eagerly): the break is taken
+    in the callee (Dynamo: 3 graphs, 2 breaks)."""
+    counts = check(unrebuildable_local_in_the_callee, tensors((3,)))
+    assert (counts.graphs, counts.breaks) == (3, 1)

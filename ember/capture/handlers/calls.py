@@ -96,6 +96,8 @@ def _set_part(fn: NestedFunctionValue, flag: int, value: Value) -> None:
         for cell in fn.closure:
             if not hasattr(cell, "load") and not hasattr(cell, "cell"):
                 raise Unsupported(BreakReason.UNSUPPORTED_OBJECT, "closure of unknown cells")
+    elif flag == _ANNOTATIONS:
+        fn.annotations = value
     elif flag == _KWDEFAULTS:
         fn.kwdefaults = dict(value.items)
     elif flag == _DEFAULTS:

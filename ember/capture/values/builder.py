@@ -12,6 +12,7 @@ import collections
 import dataclasses
 import enum
 import functools
+import itertools
 import os
 import sys
 import types
@@ -22,7 +23,16 @@ import torch
 
 from ember import torch_compat
 from ember.capture.guards import GuardKind
-from ember.capture.sources import AttrSource, ConstSource, ItemSource, IterationSource, Source
+from ember.capture.sources import (
+    AttrSource,
+    ConstSource,
+    ItemSource,
+    IterationSource,
+    IteratorStateSource,
+    ReduceArgsSource,
+    Source,
+    iterator_state,
+)
 from ember.capture.values.base import ConstantValue, Value
 from ember.capture.values.callables import getter_value
 from ember.capture.values.compiler import is_allowed_in_graph, register_dynamo_functions
@@ -178,6 +188,12 @@ class ValueBuilder:
             guards.add(GuardKind.EQUALS_MATCH, AttrSource(source, "maxlen"), value.maxlen)
             items = [self.wrap(v, ItemSource(source, i)) for i, v in enumerate(value)]
             return DequeValue(items, value.maxlen, source)
+        if type(value) in _SEQUENCE_ITERATORS:
+            return self._wrap_iterator(value, source)
+        if type(value) in _LAZY_ITERATORS:
+            result = self._wrap_lazy_iterator(value, source)
+            if result is not None:
+                return result
         if value is os.environ:
             return self._wrap_environ(source)
         if isinstance(value, torch.nn.Module):
@@ -226,6 +242,48 @@ class ValueBuilder:
         result.read_only = cls is types.MappingProxyType
         return result
 
+    def _wrap_iterator(self, value: Any, source: Source) -> Value:
+        """A list or tuple iterator (an argument, or one break code handed to a resume
+        function): its sequence and index, read without pulling it, are guarded; the items
+        left are the sequence's from the index on."""
+        from ember.capture.values.containers import OutsideIterator
+
+        self.ctx.guards.add(GuardKind.TYPE_MATCH, source, type(value))
+        sequence, index = iterator_state(value)
+        self.ctx.guards.add(GuardKind.EQUALS_MATCH, IteratorStateSource(source, 1), index)
+        if index < 0:
+            return OutsideIterator([], source, 0, type(value))
+        seq = self.wrap(sequence, IteratorStateSource(source, 0))
+        result = OutsideIterator(seq.items, source, index, type(value))
+        if isinstance(seq, ListValue):
+            result.of_list = seq
+        return result
+
+    def _wrap_lazy_iterator(self, value: Any, source: Source) -> Value | None:
+        """A map, filter or zip object (an argument; one break code made again lazily for a
+        resume function): modelled over what it was made from (its `__reduce__`), so the
+        trace pulls it as CPython would, calling the function at each pull. Only over
+        iterators the trace can move and the ledger can put back (list and tuple
+        iterators, or such objects over them); None otherwise."""
+        from ember.capture.values.containers import IteratorValue
+        from ember.capture.values.iterators import FilterIterator, MapIterator, ZipIterator
+
+        reduced = value.__reduce__()
+        if len(reduced) != 2:  # zip(strict=True) keeps its flag in the state
+            return None
+        self.ctx.guards.add(GuardKind.TYPE_MATCH, source, type(value))
+        parts = self.wrap(reduced[1], ReduceArgsSource(source)).items
+        kind = type(value)
+        iterators = parts if kind is zip else parts[1:]
+        if not all(isinstance(it, IteratorValue) for it in iterators):
+            return None
+        if kind is zip:
+            return ZipIterator(iterators)
+        if kind is map:
+            return MapIterator(parts[0], iterators)
+        fn = None if parts[0].is_constant() and parts[0].as_constant() is None else parts[0]
+        return FilterIterator(fn, iterators[0], keep_if=kind is filter)
+
     def _wrap_environ(self, source: Source) -> Value:
         """os.environ as a dict of its entries: its Mapping methods (`get`, `in`) catch the
         KeyError of a missing variable, which traced code cannot, and libraries read it in
@@ -247,6 +305,8 @@ class ValueBuilder:
             guards.add(GuardKind.ID_MATCH, source, value)
             return self.wrap(original, AttrSource(source, "_ember_original"))
         special = self._special(value)
+        if isinstance(special, UserFunctionValue) and source.is_local() and _made_by_a_call(value):
+            return self._by_code(special, source)
         if special is not None:
             guards.add(GuardKind.ID_MATCH, source, value)
             if special.source is None:  # closures and reloads of it are reached through it
@@ -293,6 +353,21 @@ class ValueBuilder:
             return UserObjectValue(type(value), source, value)
         guards.add(GuardKind.TYPE_MATCH, source, type(value))
         return OpaqueValue(type(value), source)
+
+    def _by_code(self, function: UserFunctionValue, source: Source) -> Value:
+        """A local function or closure: guarded by its code and globals, as Dynamo guards
+        closures, not by its identity. Its maker makes a new one on each call (a function
+        rebuilt at a graph break and handed to the resume function is new on every call),
+        and what inlining relies on besides the code is read through the source and guarded
+        there: cell contents, defaults, keyword defaults, names, `__dict__` entries."""
+        fn = function.fn
+        guards = self.ctx.guards
+        guards.add(GuardKind.TYPE_MATCH, source, types.FunctionType)
+        guards.add(GuardKind.ID_MATCH, AttrSource(source, "__code__"), fn.__code__)
+        guards.add(GuardKind.ID_MATCH, AttrSource(source, "__globals__"), fn.__globals__)
+        function.source = source
+        function.by_code = True
+        return function
 
     def _special(self, value: Any) -> Value | None:
         """Values identified by what they are: functions, classes, Python modules."""
@@ -460,3 +535,15 @@ class GradModeClassValue(Value):
         previous = tx.grad_enabled()
         tx.set_grad_enabled(mode)  # set_grad_enabled acts when called, not on __enter__
         return GradModeValue(mode, restore_to=previous)
+
+
+def _made_by_a_call(fn: types.FunctionType) -> bool:
+    """A function defined inside another function (or a closure): one its maker makes
+    anew on each call, so its identity says nothing about what it computes. (Only for
+    arguments: one kept in a global or an attribute is usually made once, and a guard on
+    its identity lets a break inside it resume in its own frame.)"""
+    return bool(fn.__closure__) or "<locals>" in fn.__qualname__
+
+
+_SEQUENCE_ITERATORS = (type(iter([])), type(iter(())))
+_LAZY_ITERATORS = (map, filter, zip, itertools.filterfalse)

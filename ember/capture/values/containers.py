@@ -515,6 +515,9 @@ class IteratorValue(Value):
         self.position = 0
         self.returned = returned
         """What a generator returned after its last yield (the value of `yield from`)."""
+        self.of_list: ListValue | None = None
+        """The list this iterator walks (it reads the list itself: items appended later
+        are visited)."""
 
     def describe(self) -> str:
         return "iterator"
@@ -533,6 +536,85 @@ class IteratorValue(Value):
         self.position = len(self.items)
         return rest
 
+    def reconstruct(self, em: Emitter) -> None:
+        """After a graph break: a list's iterator is an iterator of the rebuilt list moved
+        to where this one is (appends after the break are still visited); any other, an
+        iterator over the items left."""
+        if self.source is not None:
+            return super().reconstruct(em)
+        self.rebuild_rest(em)
+
+    def rebuild_rest(self, em: Emitter) -> None:
+        if self.of_list is not None:
+            em.cg.load_const(list_iterator_at, push_null=True)
+            em.reconstruct(self.of_list)
+            em.cg.load_const(self.position)
+            em.cg.call(2)
+            return
+        em.cg.load_const(iter, push_null=True)
+        em.reconstruct(TupleValue(self.items[self.position :]))
+        em.cg.call(1)
+
+
+class OutsideIterator(IteratorValue):
+    """A list or tuple iterator from outside (an argument; what break code hands a resume
+    function for an iterator alive at the break): its sequence is wrapped as any list or
+    tuple, from where the iterator stands. Pulling it is a change to an outside object: the
+    ledger moves the real iterator to where the trace left it (`__setstate__`), or runs
+    it out if the trace did."""
+
+    def __init__(self, items: list[Value], source: Any, start: int, kind: type) -> None:
+        super().__init__(items)
+        self.source = source
+        self.position = start
+        self.kind = kind
+        self.ran_out = False
+
+    def describe(self) -> str:
+        return f"{self.kind.__name__} from outside"
+
+    def python_type(self) -> type:
+        return self.kind
+
+    def next(self, tx: Translator) -> Value | None:
+        tx.ctx.effects.moved(self)
+        item = super().next(tx)
+        self.ran_out = item is None
+        return item
+
+    def iterate(self, tx: Translator) -> list[Value]:
+        tx.ctx.effects.moved(self)
+        self.ran_out = True
+        return super().iterate(tx)
+
+    def replay_position(self, em: Emitter) -> None:
+        """Bring the real iterator to where the trace left it."""
+        if self.ran_out:
+            em.cg.load_const(run_out, push_null=True)
+            self.source.emit(em.cg)
+            em.cg.call(1)
+        else:
+            self.source.emit(em.cg)
+            em.cg.load_method("__setstate__")
+            em.cg.load_const(self.position)
+            em.cg.call(1)
+        em.cg.pop_top()
+
+
+def run_out(it: Any) -> None:
+    """Pull an iterator to its end (a list's iterator then forgets its list, as after a
+    loop over it)."""
+    for _ in it:
+        pass
+
+
+def list_iterator_at(items: list, position: int) -> Any:
+    """`iter(items)` advanced by `position` items."""
+    it = iter(items)
+    for _ in range(position):
+        next(it, None)
+    return it
+
 
 def iterator_over(tx: Translator, value: Value) -> IteratorValue:
     """`iter(value)`. A list's iterator reads the list itself, as CPython's does, so items
@@ -540,5 +622,7 @@ def iterator_over(tx: Translator, value: Value) -> IteratorValue:
     if isinstance(value, IteratorValue):
         return value
     if isinstance(value, ListValue):
-        return IteratorValue(value.items)
+        it = IteratorValue(value.items)
+        it.of_list = value
+        return it
     return IteratorValue(value.iterate(tx))

@@ -46,6 +46,10 @@ class UserFunctionValue(Value):
         """The source of the functools.lru_cache wrapper it is called through: inlined, the
         function body is traced, but code run at a graph break calls the wrapper, so the
         cache (and a `warning_once`) behaves as in Python."""
+        self.by_code = False
+        """Guarded by its code, not its identity (a local function or closure, which its
+        maker makes anew on each call): its cells, defaults and names are read through its
+        source, and generated code reloads it from there."""
 
     def describe(self) -> str:
         return f"function {_name(self.fn)}"
@@ -54,7 +58,7 @@ class UserFunctionValue(Value):
         return types.FunctionType
 
     def is_constant(self) -> bool:
-        return True
+        return not self.by_code
 
     def as_constant(self) -> Any:
         return self.fn
@@ -72,7 +76,10 @@ class UserFunctionValue(Value):
         defaults = GuardedDefaults(tx, fn, source)
         kwdefaults = GuardedKwDefaults(tx, fn, source)
         closure = [
-            RealCell(c, _cell_source(self.source, i, c)) for i, c in enumerate(fn.__closure__ or ())
+            RealCell(c, _cell_source(self.source, i, c))
+            if self.source is None or not self.by_code
+            else RealCell(c, _cell_source(self.source, i, c), _cell_holder(self.source, i), False)
+            for i, c in enumerate(fn.__closure__ or ())
         ]
         return tx.inline_call(
             fn.__code__,
@@ -124,9 +131,14 @@ def function_attribute(tx: Translator, owner: Value, fn: types.FunctionType, nam
     """`fn.name` for a Python function: the constant attributes above, the defaults (what
     inlining uses too) and entries of the function's `__dict__` (`__wrapped__` set by
     functools.wraps, a decorator's marker), read through a guarded source when there is one."""
-    if name in _FUNCTION_CONSTANT_ATTRS:
+    by_code = getattr(owner, "by_code", False) and owner.source is not None
+    if name in _FUNCTION_CONSTANT_ATTRS and not (by_code and name != "__code__"):
         return ConstantValue(getattr(fn, name))
-    if name in ("__defaults__", "__kwdefaults__"):
+    if name in _FUNCTION_CONSTANT_ATTRS:  # names of a function guarded by its code only
+        return tx.ctx.builder.wrap(getattr(fn, name), AttrSource(owner.source, name))
+    if name in ("__defaults__", "__kwdefaults__", "__annotations__"):
+        if by_code:  # this call's function has its own (a default made by its maker)
+            return tx.ctx.builder.wrap(getattr(fn, name), AttrSource(owner.source, name))
         return tx.ctx.builder.wrap_const(getattr(fn, name))
     if name in fn.__dict__:
         if owner.source is not None:
@@ -175,17 +187,42 @@ class GuardedKwDefaults:
 
 class RealCell:
     """A real closure cell (of the compiled function or of an inlined one) and the source
-    through which its contents are read and guarded."""
+    through which its contents are read and guarded.
 
-    def __init__(self, cell: types.CellType, source: Source) -> None:
+    `holder` reloads the cell object itself in generated code (None: the cell is the same on
+    every call and is loaded as a constant). `fixed` says whether it is: a cell of a function
+    guarded by identity is; one that a resume function receives as a parameter, or one of a
+    closure guarded by its code (made again on each call), is not, and nothing made at
+    capture time may hold it."""
+
+    def __init__(
+        self,
+        cell: types.CellType,
+        source: Source,
+        holder: Source | None = None,
+        fixed: bool = True,
+    ) -> None:
         self.cell = cell
         self.source = source
+        self.holder = holder
+        self.fixed = fixed
+
+    def emit(self, cg: Any) -> None:
+        """Push the cell object."""
+        if self.holder is not None:
+            self.holder.emit(cg)
+        else:
+            cg.load_const(self.cell)
 
 
 def _cell_source(owner: Source | None, index: int, cell: types.CellType) -> Source:
     if owner is None:
         return AttrSource(ConstSource(cell, "cell"), "cell_contents")
-    return AttrSource(ItemSource(AttrSource(owner, "__closure__"), index), "cell_contents")
+    return AttrSource(_cell_holder(owner, index), "cell_contents")
+
+
+def _cell_holder(owner: Source, index: int) -> Source:
+    return ItemSource(AttrSource(owner, "__closure__"), index)
 
 
 class NestedFunctionValue(Value):
@@ -206,9 +243,50 @@ class NestedFunctionValue(Value):
         self.kwdefaults = kwdefaults
         self.closure = closure
         self.qualname = qualname
+        self.annotations: Value | None = None
+        """MAKE_FUNCTION's annotations (a tuple of names and values, 3.11-3.13)."""
 
     def describe(self) -> str:
         return f"function {self.qualname}"
+
+    def contained(self) -> list[Value]:
+        inside = [*self.defaults, *self.kwdefaults.values()]
+        inside += [c.contents for c in self.closure if getattr(c, "contents", None) is not None]
+        return inside
+
+    def reconstruct(self, em: Emitter) -> None:
+        """Made again as CPython's MAKE_FUNCTION makes it (name, qualname, module and doc
+        come from the code and the globals), with its defaults, keyword defaults and
+        annotations, and a closure of real cells: a cell of a frame is the very cell that
+        frame's resume function gets (`Emitter.load_cell`), so writes on either side are
+        seen by the other."""
+        from ember.capture.values.containers import DictValue, TupleValue
+
+        cg = em.cg
+        cg.load_const(types.FunctionType, push_null=True)
+        cg.load_const(self.code)
+        cg.load_const(self.f_globals)
+        cg.load_const(None)
+        if self.defaults:
+            em.reconstruct(TupleValue(list(self.defaults)))
+        else:
+            cg.load_const(None)
+        if self.closure:
+            for cell in self.closure:
+                em.load_cell(cell)
+            cg.build("TUPLE", len(self.closure))
+        else:
+            cg.load_const(None)
+        cg.call(5)
+        parts = {
+            "__kwdefaults__": DictValue(dict(self.kwdefaults)) if self.kwdefaults else None,
+            "__annotations__": self.annotations_dict(),
+        }
+        for attr, value in parts.items():
+            if value is not None:  # stack: function, value, function
+                em.reconstruct(value)
+                cg.copy(2)
+                cg.store_attr(attr)
 
     def python_type(self) -> type:
         return types.FunctionType
@@ -227,7 +305,28 @@ class NestedFunctionValue(Value):
             self.describe(),
         )
 
+    def annotations_dict(self) -> Value | None:
+        """`__annotations__` as a dict (one object, as CPython's function keeps one), from
+        MAKE_FUNCTION's tuple of names and values; None when the function has none."""
+        from ember.capture.values.containers import DictValue, TupleValue
+
+        if isinstance(self.annotations, TupleValue):
+            pairs = self.annotations.items
+            names = [p.as_constant() for p in pairs[0::2]]
+            self.annotations = DictValue(dict(zip(names, pairs[1::2])))
+        return self.annotations
+
     def getattr(self, tx: Translator, name: str) -> Value:
+        from ember.capture.values.containers import DictValue, TupleValue
+
+        if name == "__defaults__":
+            return TupleValue(list(self.defaults)) if self.defaults else ConstantValue(None)
+        if name == "__kwdefaults__":
+            return DictValue(dict(self.kwdefaults)) if self.kwdefaults else ConstantValue(None)
+        if name == "__annotations__":
+            if self.annotations_dict() is None:
+                self.annotations = DictValue({})
+            return self.annotations
         if name in ("__name__", "__qualname__"):
             return ConstantValue(self.code.co_name if name == "__name__" else self.qualname)
         if name == "__code__":

@@ -25,6 +25,7 @@ from ember.capture.values.containers import IteratorValue, TupleValue, iterator_
 from ember.errors import BreakReason, Unsupported
 
 if TYPE_CHECKING:
+    from ember.capture.codegen import Emitter
     from ember.capture.translator import Translator
 
 
@@ -98,6 +99,48 @@ class LazyIterator(IteratorValue):
             "so its items cannot be computed ahead of the code after the break",
         )
 
+    def lazy_parts(self) -> tuple[Any, list[Value], dict[str, Value]] | None:
+        """How CPython would make this iterator as it stands now, for break code to make
+        it again (Dynamo's reconstruct): the maker, its arguments and keywords; None when
+        it cannot be made again (a generator's frame, itertools state)."""
+        return None
+
+    def lazily_rebuildable(self) -> bool:
+        """Whether break code can make this iterator again without computing its items:
+        nothing pulled and not consumed, and its callbacks and sources rebuildable."""
+        parts = self.lazy_parts()
+        if parts is None or self.exhausted or self.position != len(self.items):
+            return False
+        return all(_rebuildable_part(v) for v in [*parts[1], *parts[2].values()])
+
+    def contained(self) -> list[Value]:
+        parts = None if self.exhausted else self.lazy_parts()
+        if parts is None:
+            return []
+        return [*parts[1], *parts[2].values()]
+
+    def reconstruct(self, em: Emitter) -> None:
+        """A settled (or finished) iterator is an iterator over its items left; one not
+        settled is made again, lazy, over its rebuilt sources: the callbacks run when
+        CPython pulls, in order with the code after the break."""
+        if self.exhausted:
+            return self.rebuild_rest(em)
+        if not self.lazily_rebuildable():
+            return Value.reconstruct(self, em)
+        maker, args, kwargs = self.lazy_parts()
+        em.cg.load_const(maker, push_null=True)
+        for part in [*args, *kwargs.values()]:
+            em.reconstruct(part)
+        em.cg.call(len(args) + len(kwargs), tuple(kwargs))
+
+
+def _rebuildable_part(value: Value) -> bool:
+    """A callback or source of an iterator made again at a break: an iterator must itself
+    be made again (or be a plain one); anything else is rebuilt as any value."""
+    if isinstance(value, LazyIterator):
+        return value.lazily_rebuildable()
+    return True
+
 
 class MapIterator(LazyIterator):
     kind = map
@@ -116,6 +159,9 @@ class MapIterator(LazyIterator):
             row.append(item)
         return self.fn.call(tx, row, {})
 
+    def lazy_parts(self) -> tuple[Any, list[Value], dict[str, Value]] | None:
+        return self.kind, [self.fn, *self.sources], {}
+
 
 class StarmapIterator(MapIterator):
     kind = itertools.starmap
@@ -131,16 +177,20 @@ class FilterIterator(LazyIterator):
     def __init__(self, fn: Value | None, source: IteratorValue, keep_if: bool = True) -> None:
         super().__init__()
         self.fn = fn
-        self.source = source
+        self.inner = source
         self.keep_if = keep_if
         """False for itertools.filterfalse."""
 
     def pull(self, tx: Translator) -> Value | None:
-        while (item := self.source.next(tx)) is not None:
+        while (item := self.inner.next(tx)) is not None:
             verdict = item if self.fn is None else self.fn.call(tx, [item], {})
             if verdict.truth(tx) is self.keep_if:
                 return item
         return None
+
+    def lazy_parts(self) -> tuple[Any, list[Value], dict[str, Value]] | None:
+        fn = ConstantValue(None) if self.fn is None else self.fn
+        return (filter if self.keep_if else itertools.filterfalse), [fn, self.inner], {}
 
 
 class ZipIterator(LazyIterator):
@@ -163,6 +213,10 @@ class ZipIterator(LazyIterator):
                 return None
             row.append(item)
         return TupleValue(row)
+
+    def lazy_parts(self) -> tuple[Any, list[Value], dict[str, Value]] | None:
+        strict = {"strict": ConstantValue(True)} if self.strict else {}
+        return zip, list(self.sources), strict
 
     def _check_lengths(self, tx: Translator, ended: int) -> None:
         """zip(strict=True): the first source to end must end them all (CPython pulls once
@@ -205,15 +259,20 @@ class EnumerateIterator(LazyIterator):
 
     def __init__(self, source: IteratorValue, start: int) -> None:
         super().__init__()
-        self.source = source
+        self.inner = source
         self.count = start
 
     def pull(self, tx: Translator) -> Value | None:
-        item = self.source.next(tx)
+        item = self.inner.next(tx)
         if item is None:
             return None
         self.count += 1
         return TupleValue([ConstantValue(self.count - 1), item])
+
+    def lazy_parts(self) -> tuple[Any, list[Value], dict[str, Value]] | None:
+        if not isinstance(self.count, int):
+            return None
+        return enumerate, [self.inner, ConstantValue(self.count)], {}
 
 
 class GeneratorIterator(LazyIterator):
@@ -272,7 +331,7 @@ class IsliceIterator(LazyIterator):
 
     def __init__(self, source: IteratorValue, start: int, stop: int | None, step: int) -> None:
         super().__init__()
-        self.source = source
+        self.inner = source
         self.wanted = start
         self.stop = stop
         self.step = step
@@ -280,12 +339,12 @@ class IsliceIterator(LazyIterator):
 
     def pull(self, tx: Translator) -> Value | None:
         while self.count < self.wanted:
-            if self.source.next(tx) is None:
+            if self.inner.next(tx) is None:
                 return None
             self.count += 1
         if self.stop is not None and self.count >= self.stop:
             return None
-        item = self.source.next(tx)
+        item = self.inner.next(tx)
         if item is None:
             return None
         self.count += 1
@@ -300,7 +359,7 @@ class AccumulateIterator(LazyIterator):
 
     def __init__(self, source: IteratorValue, fn: Value | None, initial: Value | None) -> None:
         super().__init__()
-        self.source = source
+        self.inner = source
         self.fn = fn
         self.total = initial
 
@@ -309,7 +368,7 @@ class AccumulateIterator(LazyIterator):
 
         if self.total is not None and not self.items:
             return self.total  # the initial value comes first
-        item = self.source.next(tx)
+        item = self.inner.next(tx)
         if item is None:
             return None
         if self.total is None:
@@ -361,15 +420,15 @@ class PairwiseIterator(LazyIterator):
 
     def __init__(self, source: IteratorValue) -> None:
         super().__init__()
-        self.source = source
+        self.inner = source
         self.last: Value | None = None
 
     def pull(self, tx: Translator) -> Value | None:
         if self.last is None:
-            self.last = self.source.next(tx)
+            self.last = self.inner.next(tx)
             if self.last is None:
                 return None
-        item = self.source.next(tx)
+        item = self.inner.next(tx)
         if item is None:
             return None
         pair, self.last = TupleValue([self.last, item]), item
@@ -384,17 +443,17 @@ class WhileIterator(LazyIterator):
         super().__init__()
         self.kind = kind
         self.fn = fn
-        self.source = source
+        self.inner = source
         self.switched = False
 
     def pull(self, tx: Translator) -> Value | None:
         if self.kind is itertools.takewhile:
-            item = None if self.switched else self.source.next(tx)
+            item = None if self.switched else self.inner.next(tx)
             if item is None or self.fn.call(tx, [item], {}).truth(tx):
                 return item
             self.switched = True
             return None
-        while (item := self.source.next(tx)) is not None:
+        while (item := self.inner.next(tx)) is not None:
             if self.switched or not self.fn.call(tx, [item], {}).truth(tx):
                 self.switched = True
                 return item
@@ -406,12 +465,12 @@ class CycleIterator(LazyIterator):
 
     def __init__(self, source: IteratorValue) -> None:
         super().__init__()
-        self.source = source
+        self.inner = source
         self.saved: list[Value] = []
         self.index = 0
 
     def pull(self, tx: Translator) -> Value | None:
-        item = self.source.next(tx)
+        item = self.inner.next(tx)
         if item is not None:
             self.saved.append(item)
             return item
@@ -430,7 +489,7 @@ class GroupByIterator(LazyIterator):
 
     def __init__(self, source: IteratorValue, key_fn: Value | None) -> None:
         super().__init__()
-        self.source = source
+        self.inner = source
         self.key_fn = key_fn
         self.current: tuple[Value, Value] | None = None
         """The (key, item) last pulled from the source and not yet handed out."""
@@ -442,7 +501,7 @@ class GroupByIterator(LazyIterator):
         return item if self.key_fn is None else self.key_fn.call(tx, [item], {})
 
     def advance(self, tx: Translator) -> bool:
-        item = self.source.next(tx)
+        item = self.inner.next(tx)
         if item is None:
             self.current = None
             return False
@@ -488,8 +547,37 @@ class _Group(LazyIterator):
         return item
 
 
-def settle_iterators(tx: Translator, values: list[Value]) -> None:
-    """Compute the rest of every lazy iterator among `values` (see LazyIterator.settle)."""
-    for value in values:
-        if isinstance(value, LazyIterator):
+class SettleFailed(Unsupported):
+    """Settling the `index`-th lazy iterator among the values failed; `lazily` says whether
+    break code could have made it again lazily instead (checked before settling it)."""
+
+    def __init__(self, cause: Unsupported, index: int, lazily: bool) -> None:
+        super().__init__(
+            cause.reason,
+            cause.detail,
+            location=cause.location,
+            source_line=cause.source_line,
+            hint=cause.hint,
+        )
+        self.index = index
+        self.lazily = lazily
+
+
+def settle_iterators(tx: Translator, values: list[Value], lazy: frozenset[int]) -> None:
+    """Compute the rest of every lazy iterator among `values` (see LazyIterator.settle),
+    but for those whose position among them is in `lazy`: break code makes those again
+    lazily (see frame.py)."""
+    iterators = [v for v in values if isinstance(v, LazyIterator)]
+    for index, value in enumerate(iterators):
+        lazily = value.lazily_rebuildable()
+        if lazily and index in lazy:
+            continue
+        try:
             value.settle(tx)
+        except Unsupported as exc:
+            if "alive at the graph break" not in exc.detail:  # a pull that itself broke
+                exc.detail = (
+                    f"a {value.describe()} alive at the graph break cannot be computed "
+                    f"ahead, nor made again ({exc.detail})"
+                )
+            raise SettleFailed(exc, index, lazily) from exc
