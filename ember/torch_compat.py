@@ -84,6 +84,13 @@ select_conv_backend: Callable[..., Any] = _resolve("_C._select_conv_backend")
 """The convolution kernel eager picks for given tensors and parameters..."""
 conv_memory_format: Callable[..., Any] = _resolve("_C._conv_determine_backend_memory_format")
 """...and the memory format that kernel gives its result (channels-last or not)."""
+TensorMatch: type = _resolve("_C._dynamo.guards.TensorGuards")
+"""A C++ check of tensors' Python type, dispatch keys, dtype, device, sizes, strides and
+requires_grad (what Dynamo's tensor guards run): ember's guards call it per tensor, cheaper
+than the same checks as Python attribute reads."""
+reinterpret_tensor: Callable[..., torch.Tensor] = _resolve("_C._dynamo.guards._reinterpret_tensor")
+"""A tensor over another's storage with given sizes, strides and offset, made in C++ without
+the dispatcher or a view's autograd record: half the cost of `torch.as_strided`."""
 _storage_use_count: Callable[[int], int] = _resolve("_C._storage_Use_Count")
 
 

@@ -65,6 +65,14 @@ def _hashable(value: Any) -> Any:
         return id(value)
 
 
+def tensor_match(t: torch.Tensor) -> Any:
+    """A C++ check that a tensor matches `t` as a TENSOR_MATCH guard's conditions say (and,
+    stricter, in its dispatch keys: a conjugate or negative view, a tensor subclass's keys)."""
+    return torch_compat.TensorMatch(
+        t, dynamic_dims_sizes=[list(t.shape)], dynamic_dims_strides=[list(t.stride())]
+    )
+
+
 def _tensor_conditions(g: Guard, scope: GuardScope) -> list[str]:
     """The tensor's type, dtype, device, layout and requires_grad; with size symbols (a
     SYMBOLIC_TENSOR guard) the layout is its static sizes and strides as expressions."""
@@ -194,17 +202,28 @@ class GuardFunction:
     """("let", assignment) or ("check", condition), as the check function runs them."""
     scope: dict[str, Any]
     signature: str
+    expansions: dict[str, list[str]]
+    """A check done by one C++ call (a tensor's match) -> the Python conditions it stands
+    for, which reports and listings show."""
     held_by_identity: list[weakref.ref] = dataclasses.field(default_factory=list)
 
     def identities(self) -> list[Any]:
         """The live objects the checks compare by address."""
         return [obj for obj in (ref() for ref in self.held_by_identity) if obj is not None]
 
+    def spelled_out(self) -> list[tuple[str, str]]:
+        """The statements with each C++ check replaced by the conditions it stands for."""
+        return [
+            (kind, c)
+            for kind, text in self.statements
+            for c in (self.expansions.get(text, [text]) if kind == "check" else [text])
+        ]
+
     def first_failure(self, *args: Any, **kwargs: Any) -> str:
         """The first condition that does not hold for these arguments, readably."""
         body = [
             text if kind == "let" else f"if not ({text}): return {self._readable(text)!r}"
-            for kind, text in self.statements
+            for kind, text in self.spelled_out()
         ]
         explain = _compile(self.signature, body, self.scope, self.check, report=True)
         try:
@@ -303,16 +322,24 @@ def build_guard_function(guards: GuardSet, fn: types.FunctionType) -> GuardFunct
     statements: list[tuple[str, str]] = []
     seen: set[str] = set()
 
-    def add(conditions: list[str]) -> None:
+    def add(conditions: list[str], fast: str | None = None) -> None:
         statements.extend(("let", a) for a in scope.take_assignments())
-        for cond in conditions:
-            if cond not in seen:
-                seen.add(cond)
-                statements.append(("check", cond))
+        fresh = [c for c in conditions if c not in seen]
+        seen.update(fresh)
+        if fast is not None and fresh:  # one C++ call checks them all; reports list them
+            statements.append(("check", fast))
+            expansions[fast] = fresh
+            return
+        statements.extend(("check", c) for c in fresh)
 
+    expansions: dict[str, list[str]] = {}
     origins: list[tuple[str, str]] = []  # size relations and where the trace made them
     for guard in guards:
         conditions = guard.conditions(scope)
+        if guard.kind is GuardKind.TENSOR_MATCH:
+            check = scope.const(tensor_match(guard.expected), "tm")
+            add(conditions, f"{check}.check({guard.source.expr(scope)})")
+            continue
         add(conditions)
         if guard.kind is GuardKind.SIZE_RELATION:
             origins.extend((c, guard.expected.where) for c in conditions)
@@ -325,9 +352,20 @@ def build_guard_function(guards: GuardSet, fn: types.FunctionType) -> GuardFunct
     signature = parameter_list(fn.__code__)
     check = _compile(signature, _check_body(statements), names, fn)
     result = GuardFunction(
-        check, check.__ember_source__, [], statements, names, signature, scope.held_by_identity
+        check,
+        check.__ember_source__,
+        [],
+        statements,
+        names,
+        signature,
+        expansions,
+        scope.held_by_identity,
     )
-    result.conditions = [result._readable(t) for kind, t in statements if kind == "check"]
+    result.conditions = [result._readable(t) for kind, t in result.spelled_out() if kind == "check"]
+    result.source_text += "".join(  # what each C++ tensor check stands for, readably
+        f"# {result._readable(fast)}: {' and '.join(result._readable(c) for c in conds)}\n"
+        for fast, conds in expansions.items()
+    )
     if origins:
         result.source_text += "".join(
             f"# {result._readable(c)}  <- {where}\n" for c, where in origins

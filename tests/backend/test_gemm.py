@@ -84,7 +84,7 @@ def test_batched_product_copied_transposed_is_computed_transposed():
     a, b = torch.randn(3, 20, 12), torch.randn(3, 12, 24)
     (art,) = check(f, a, b, atol=1e-5, rtol=1e-5)
     call = next(ln for ln in art.wrapper.splitlines() if "= _op" in ln)
-    assert call.split("(", 1)[1].startswith("_as(in1, (3, 24, 12)")
+    assert call.split("(", 1)[1].startswith("_alias(in1, (3, 24, 12)")
 
 
 @pytest.mark.parametrize("consumer", ["pointwise", "direct"])

@@ -95,6 +95,23 @@ def test_recompile_on_requires_grad():
     )
 
 
+def test_recompile_on_conjugate_view_and_failure_names_the_condition():
+    """A tensor's match is one C++ check (dispatch keys included, so a conjugate view is not
+    taken for its base); a miss is still reported as the Python condition that failed."""
+
+    def f(x):
+        return x * 2 + 1
+
+    x = torch.randn(4, dtype=torch.complex64)
+    _recompiles_once(f, [(x,), (x.clone(),)], [(x.conj(),), (torch.randn(4).to(x.dtype).conj(),)])
+    compiled, _ = compiled_with_counter(f)
+    compiled(torch.randn(3))
+    entry = frame_cache.cache_for(f.__code__, compiled._ember_options).entries[0]
+    assert "x.shape == (3,)" in entry.guard.conditions
+    assert entry.guard.first_failure(torch.randn(5)) == "x.shape == (3,)"
+    assert entry.guard.first_failure(torch.randn(3)) == "(all guards hold)"
+
+
 def _with_global(name, values, fn):
     """Set a module global to each value in turn, calling the compiled fn each time."""
     compiled, counter = compiled_with_counter(fn)

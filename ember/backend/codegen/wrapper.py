@@ -73,19 +73,26 @@ class _Writer:
         self.header: list[str] = ["import torch"]
         self.body: list[str] = []
 
-    def view(self, buf: str, lay: Layout) -> str:
+    def view(self, buf: str, lay: Layout, alias: bool = False) -> str:
+        """`buf` with layout `lay`: a view (`_as`), or with `alias` a bare tensor over the
+        same memory (`_alias`: no view record, no shared version counter), for arguments an
+        op only reads, since the wrapper runs without autograd."""
         v = self.var[buf]
         if self.actual.get(v) == lay and (lay.offset == 0):
             return v
         offset = sizes.py(lay.offset)
-        off = f"{v}.storage_offset() + {offset}" if v in self.relative else offset
-        return f"_as({v}, {py_tuple(lay.size)}, {py_tuple(lay.stride)}, {off})"
+        if v in self.relative:
+            off = f"{v}.storage_offset()" + (f" + {offset}" if offset != "0" else "")
+        else:
+            off = offset
+        how = "_alias" if alias else "_as"
+        return f"{how}({v}, {py_tuple(lay.size)}, {py_tuple(lay.stride)}, {off})"
 
-    def arg(self, a: Any) -> str:
+    def arg(self, a: Any, read_only: bool = False) -> str:
         if isinstance(a, ir.TensorArg):
-            return self.view(a.buffer, a.layout)
+            return self.view(a.buffer, a.layout, alias=read_only)
         if isinstance(a, tuple):
-            return "[" + ", ".join(self.arg(x) for x in a) + "]"
+            return "[" + ", ".join(self.arg(x, read_only) for x in a) + "]"
         return literal(a)
 
     def kernel(self, i: int, k: Kernel) -> None:
@@ -120,7 +127,10 @@ class _Writer:
     def extern(self, i: int, n: ir.ExternCall) -> None:
         name = f"_op{i}"
         self.header.append(f"{name} = {_FAST.get(n.op) or _op_source(n.op)}")
-        args = [self.arg(a) for a in n.args] + [f"{k}={self.arg(v)}" for k, v in n.kwargs]
+        # an op that writes no argument (by its schema) reads aliases; others get views
+        read_only = isinstance(n.op, torch_compat.OpOverload) and not n.op._schema.is_mutable
+        args = [self.arg(a, read_only) for a in n.args]
+        args += [f"{k}={self.arg(v, read_only)}" for k, v in n.kwargs]
         call = f"{name}({', '.join(args)})"
         fix = n.kind == ir.ExternKind.FALLBACK or n.op == torch.ops.aten.convolution.default
         if len(n.outputs) == 1 and n.result_path == ((),):
@@ -227,6 +237,7 @@ def instantiate(
         if on
         else torch.empty_strided,
         "_as": torch.as_strided,
+        "_alias": torch_compat.reinterpret_tensor,
         "_fix": _fix,
         "_pow2": pow2,
         "_grid": grid,
