@@ -115,7 +115,8 @@ def test_size_buckets_are_tuned_separately(tuned, fresh_cache):
     compiled = ember.compile(fn, mode="max-autotune-no-cudagraphs", dynamic=True)
     for rows in (4, 5, 40):  # buckets 4, 8, 64 of the row count
         x = torch.randn(rows, 6000)  # symbolic: looped rows
-        _close(compiled(x), fn(x))
+        # the fastest configuration (by real timing) may sum a row in another order
+        _close(compiled(x), fn(x), rtol=1e-5, atol=1e-6)
     (kernel,) = {id(k): k for k in tuned}.values()
     assert len(kernel.chosen) == 3
 

@@ -125,8 +125,8 @@ def test_every_autotune_configuration_compiles_for_sm90(name, tmp_path):
     fn, inputs, _ = PROGRAMS[name]
     with config.patch(cache_dir=str(tmp_path)), triton_runtime.record_launches() as launches:
         compiled = ember.compile(fn, mode="max-autotune-no-cudagraphs")
-        with torch.no_grad():
-            _close(compiled(*inputs), fn(*inputs))
+        with torch.no_grad():  # the chosen configuration may sum in another order
+            _close(compiled(*inputs), fn(*inputs), rtol=1e-5, atol=1e-4)
     tried = {(launch.kernel, launch.constexprs, launch.options) for launch in launches}
     assert len(tried) > len({launch.kernel for launch in launches}) + 2, tried
     kernels = triton_runtime.compile_ahead(launches, capability=90)
