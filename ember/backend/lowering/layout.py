@@ -7,18 +7,23 @@ other, mostly slower ones (bench/convnets.py's shapes: 0.86 vs 3.7 ms for a 3-ch
 model's layout; Inductor turns every convolution of a CPU graph channels-last. ember
 decides per convolution, as it chooses between GEMM libraries (gemm.py): each shape is
 timed once per process in both layouts (the two calls alternated, best of a few each) and
-channels-last kept where it wins by a margin. The margin runs the other way when the input already
-arrives channels-last, since leaving the layout costs a copy. The choice lands in the
-generated code, so the graph cache keeps it, as it keeps the GEMM choice.
+channels-last kept where it wins by a margin. The layout the input arrives in is charged
+nothing and the other one two conversion copies of the input (timed with the calls: one in,
+one back out where the next convolution returns to the layout): on the small 1x1
+convolutions of a MobileNetV2 both layouts take the same few microseconds, and a choice by
+the calls alone flipped layouts back and forth between convolutions, each flip a
+transposing copy that cost more than the convolution. The choice lands in the generated
+code, so the graph cache keeps it, as it keeps the GEMM choice.
 
 `plan` names the fx nodes whose results are kept channels-last: a convolution chosen so,
-every node that follows the layout of its input (pointwise ops, eval batch norm, pooling)
-when one of its inputs is kept, and such a node read only by kept nodes (a ReLU of the
-graph input before the first convolution). Lowering gives those nodes channels-last meta
-values, so their buffers (realized values, a padded pooling's copy, the convolution's own
-result) are written channels-last, and the convolution lowering below brings its input
-into its result's layout (one copy of an NCHW graph input; a lazy input is written
-channels-last in the first place). Graph outputs keep eager's strides (graph.py `_output`).
+every node that follows the layout of its input (pointwise ops, eval batch norm, pooling,
+constant padding) when one of its inputs is kept, and such a node read only by kept nodes
+(a ReLU of the graph input before the first convolution). Lowering gives those nodes
+channels-last meta values, so their buffers (realized values, a padded pooling's copy, the
+convolution's own result) are written channels-last, and the convolution lowering below
+brings its input into its result's layout (one copy of an NCHW graph input; a lazy input is
+written channels-last in the first place). Graph outputs keep eager's strides (graph.py
+`_output`).
 
 Only where that pays: a node the graph returns keeps eager's layout (written in it once,
 never copied back; a training forward returns what its backward saves, and the backward
@@ -49,9 +54,12 @@ aten = torch.ops.aten
 
 MARGIN = 0.97  # channels-last must take at most this share of the other layout's time
 ROUNDS = 5  # timed calls of each layout, alternated; the best of each counts
+COPIES = 2  # layout copies charged to the layout the input does not arrive in
 BUDGET_S = 0.025  # timing per shape beyond the first calls: fewer rounds (at least 3) if over
 
 _POOLS = (aten.max_pool2d_with_indices.default, aten.avg_pool2d.default)
+# per-element ops that are not tagged pointwise but write any layout alike
+_SPATIAL = (*_POOLS, aten.constant_pad_nd.default)
 # batch norms and the position of their `training` argument (None: always eval)
 _BATCH_NORMS = {
     aten._native_batch_norm_legit_no_training.default: None,
@@ -118,7 +126,7 @@ def _follows(node: torch.fx.Node) -> bool:
     if node.target in _BATCH_NORMS:
         at = _BATCH_NORMS[node.target]
         return at is None or (len(node.args) > at and node.args[at] is False)
-    return node.target in _POOLS or torch.Tag.pointwise in getattr(node.target, "tags", ())
+    return node.target in _SPATIAL or torch.Tag.pointwise in getattr(node.target, "tags", ())
 
 
 def _carries(user: torch.fx.Node) -> bool:
@@ -177,11 +185,15 @@ def _faster(node: torch.fx.Node, arrives: bool) -> bool:
     params = tuple(tuple(p) if isinstance(p, list | tuple) else p for p in node.args[3:9])
     b_shape = tuple(bias.shape) if bias is not None else None
     threads = torch.get_num_threads()
-    cl, other = _times(tuple(x.shape), tuple(w.shape), b_shape, params, x.dtype, threads)
-    chosen = cl <= (other / MARGIN if arrives else other * MARGIN)
+    cl, other, copy = _times(tuple(x.shape), tuple(w.shape), b_shape, params, x.dtype, threads)
+    # leaving the arriving layout costs the input's copy, and the copy back where the next
+    # convolution returns to it (ember's conversion kernels are slower than aten's copy)
+    leave = COPIES * copy
+    chosen = cl <= (other + leave) / MARGIN if arrives else cl + leave <= other * MARGIN
     logs.log(
         "kernels",
-        "convolution %s * %s %s (%s, %d threads): channels-last %.3f ms, NCHW %.3f ms%s -> %s",
+        "convolution %s * %s %s (%s, %d threads): channels-last %.3f ms, NCHW %.3f ms, "
+        "input layout copy %.3f ms%s -> %s",
         tuple(x.shape),
         tuple(w.shape),
         params,
@@ -189,6 +201,7 @@ def _faster(node: torch.fx.Node, arrives: bool) -> bool:
         threads,
         cl * 1e3,
         other * 1e3,
+        copy * 1e3,
         " (input arrives channels-last)" if arrives else "",
         "channels-last" if chosen else "NCHW",
     )
@@ -196,11 +209,12 @@ def _faster(node: torch.fx.Node, arrives: bool) -> bool:
 
 
 @functools.cache
-def _times(x_shape, w_shape, b_shape, params, dtype, threads) -> tuple[float, float]:
-    """(channels-last, NCHW) seconds of one convolution, the best of a few calls each on
-    random data. With one thread the clock is the thread's CPU time: on a shared machine
-    wall-clock minima of a few calls still swing by 3x with preemption (measured under
-    load 8 on 2 cores: 1.7 vs 6.0 ms for the same call), CPU time by a few percent."""
+def _times(x_shape, w_shape, b_shape, params, dtype, threads) -> tuple[float, float, float]:
+    """(channels-last, NCHW) seconds of one convolution, the best of a few calls each on random
+    data, and of copying its input from one layout into the other. With one thread the
+    clock is the thread's CPU time: on a shared machine wall-clock minima of a few calls
+    still swing by 3x with preemption (measured under load 8 on 2 cores: 1.7 vs 6.0 ms for
+    the same call), CPU time by a few percent."""
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(x_shape, generator=gen).to(dtype)
     w = torch.randn(w_shape, generator=gen).to(dtype)
@@ -215,12 +229,16 @@ def _times(x_shape, w_shape, b_shape, params, dtype, threads) -> tuple[float, fl
             aten.convolution.default(t, w, b, *params)
             spent[k] = clock() - start
         rounds = max(3, min(ROUNDS, int(BUDGET_S / sum(spent.values()))))
+        copy = math.inf
         for _ in range(rounds):
             for k, t in inputs.items():
                 start = clock()
                 aten.convolution.default(t, w, b, *params)
                 best[k] = min(best[k], clock() - start)
-    return best["cl"], best["nchw"]
+            start = clock()
+            x.contiguous(memory_format=torch.channels_last)
+            copy = min(copy, clock() - start)
+    return best["cl"], best["nchw"], copy
 
 
 @register(aten.convolution.default)

@@ -36,6 +36,18 @@ from ember.backend.lowering.views import reshape
 
 aten = torch.ops.aten
 
+# eval batch norms of at most this many elements compute their scale and shift per element
+INLINE_MAX = 1 << 14
+
+
+def _inline(x: Value) -> bool:
+    """Whether an eval batch norm's per-channel scale and shift (an rsqrt, two multiplies)
+    are computed per element in its epilogue instead of by a (C,) kernel of their own: on a
+    small activation the extra kernel's call costs more than the per-element arithmetic
+    (MobileNetV2's 52 batch norms: notes/backend.md "mobilenet_v2 in the sweep")."""
+    n = numel(x.size, range(len(x.size)))
+    return isinstance(n, int) and n <= INLINE_MAX
+
 
 def _float(x: Value) -> DType:
     if not isinstance(x.dtype, DType) or not x.dtype.is_float or len(x.size) < 2:
@@ -118,9 +130,12 @@ def _normalized(ch: _Channels, scale: Value, shift: Value, dtype: DType) -> Lazy
     return ch.elementwise(fn, dtype)
 
 
-def _affine(ch: _Channels, weight, bias, mean: Value, invstd: Value) -> tuple[Value, Value]:
-    scale = ch.realized(lambda c: pw.bin_(B.MUL, ch.at(weight, c, 1.0), invstd.load([c])))
-    shift = ch.realized(
+def _affine(
+    ch: _Channels, weight, bias, mean: Value, invstd: Value, realize: bool = True
+) -> tuple[Value, Value]:
+    per = ch.realized if realize else ch.value
+    scale = per(lambda c: pw.bin_(B.MUL, ch.at(weight, c, 1.0), invstd.load([c])))
+    shift = per(
         lambda c: pw.bin_(
             B.SUB, ch.at(bias, c, 0.0), pw.bin_(B.MUL, mean.load([c]), scale.load([c]))
         )
@@ -144,7 +159,7 @@ def _eval(ctx: LowerCtx, x, weight, bias, running_mean, running_var, eps) -> lis
     ch = _Channels(ctx, x, opmath(_float(x)))
     mean = ch.value(lambda c: ch.at(running_mean, c))
     invstd = ch.value(_running_invstd(ch, running_var, eps))
-    scale, shift = _affine(ch, weight, bias, mean, invstd)
+    scale, shift = _affine(ch, weight, bias, mean, invstd, realize=not _inline(x))
     y = _normalized(ch, scale, shift, _dtype(ctx.meta[0]))
     return [y, *(_empty(m) for m in ctx.meta[1:])]
 

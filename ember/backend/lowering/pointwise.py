@@ -498,11 +498,7 @@ def _cat(ctx: LowerCtx, tensors, dim: int = 0) -> LazyValue:
         for t, first, end in reversed(pieces):
             sub = list(idx)
             sub[d] = pos - first
-            mask = ir.Mask(pos, first, end)
-            e = ir.map_loads(
-                cast(t.load(sub), out),
-                lambda ld, m=mask: ir.Load(ld.buffer, ld.index, ld.dtype, (*ld.mask, m)),
-            )
+            e = masked(cast(t.load(sub), out), (ir.Mask(pos, first, end),))
             if expr is not None:
                 inside = bin_(B.LT, ir.IndexValue(pos, DType.I64), const(end, DType.I64))
                 e = where(inside, e, expr)
@@ -511,6 +507,52 @@ def _cat(ctx: LowerCtx, tensors, dim: int = 0) -> LazyValue:
 
     if not pieces:
         raise NotLowered("cat of empty pieces")
+    return LazyValue(size, out, load)
+
+
+def masked(e: Expr, masks: tuple[ir.Mask, ...]) -> Expr:
+    """`e` with every load masked by `masks` as well (read only where they all hold)."""
+    if not masks:
+        return e
+    return ir.map_loads(e, lambda ld: ir.Load(ld.buffer, ld.index, ld.dtype, (*ld.mask, *masks)))
+
+
+@register(aten.constant_pad_nd.default)
+def _constant_pad_nd(ctx: LowerCtx, x: Value, pad, value: float = 0.0) -> LazyValue:
+    """Padding (or, with negative amounts, cropping) as a lazy value: inside, x at the
+    shifted position, with its loads masked to it; outside, `value`. The pointwise ops
+    before it (a batch norm and ReLU6 before a convolution that pads "same" by hand, as
+    transformers' MobileNetV2 does) are computed in the kernel that writes the padded
+    result, not by an aten call and a copy (an all-zero pad is that kernel alone)."""
+    out, size = ctx.out_dtype, ctx.out_size
+    if not out.is_float or not isinstance(x.dtype, DType):
+        raise NotLowered("constant_pad_nd of integers (a masked-out load could divide by zero)")
+    n = len(size)
+    # pairs (before, after) from the last dim backwards
+    amounts = {n - 1 - i // 2: (pad[i], pad[i + 1]) for i in range(0, len(pad), 2)}
+    if not all(isinstance(v, int) for pair in amounts.values() for v in pair) or not all(
+        isinstance(x.size[d], int) for d in amounts
+    ):
+        raise NotLowered("constant_pad_nd with symbolic sizes")
+
+    def load(idx):
+        sub, masks, inside = list(idx), [], None
+        for d, (before, _) in amounts.items():
+            sub[d] = idx[d] - before
+            lo, hi = max(before, 0), min(x.size[d] + before, size[d])
+            if lo == 0 and hi == size[d]:
+                continue  # cropped or untouched: every position reads x
+            masks.append(ir.Mask(idx[d], lo, hi))
+            pos = ir.IndexValue(idx[d], DType.I64)
+            cond = bin_(
+                B.LOGICAL_AND,
+                un(U.LOGICAL_NOT, bin_(B.LT, pos, const(lo, DType.I64))),
+                bin_(B.LT, pos, const(hi, DType.I64)),
+            )
+            inside = cond if inside is None else bin_(B.LOGICAL_AND, inside, cond)
+        e = masked(cast(x.load(sub), out), tuple(masks))
+        return e if inside is None else where(inside, e, const(value, out))
+
     return LazyValue(size, out, load)
 
 

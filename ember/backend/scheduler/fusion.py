@@ -123,8 +123,8 @@ def _down_columns(node: ir.Pointwise | ir.Reduction) -> bool:
     variable and strided in the last reduced one (a bias gradient: rows summed per column).
     It gets a kernel of its own, where codegen reads it in row order (cpp.py's column path);
     fused with row-major pointwise work, it would read memory one column at a time."""
-    if not isinstance(node, ir.Reduction) or not node.ranges:
-        return False
+    if not isinstance(node, ir.Reduction) or not node.ranges or not node.reduction_ranges:
+        return False  # no reduced loop (only size-1 dims reduced, a 1x1 global pool)
     x = ir.loop_vars(len(node.ranges))[-1]
     r = ir.loop_vars(len(node.reduction_ranges), "r")[-1]
     return any(column_access(ld.index, x, r) for ld in ir.loads(node.body))
