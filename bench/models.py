@@ -3,10 +3,11 @@ models (ember/testing/models.py), inference and one training step.
 
 Per model and mode: ember's graphs and breaks (ember.explain) beside Dynamo's on the same call
 (torch._dynamo.explain), break reasons, and correctness of `ember.compile(model)` (backend
-"ember") against eager: outputs, and in training the loss, every parameter's gradient and the
-parameters after an SGD step. With --speed, steady-state time of eager, Inductor and ember in
-one process (interleaved blocks, medians, BENCHMARKING.md) and the ratios; with --first-call,
-the first call in fresh processes with cold and warm caches.
+"ember") against eager, with the graphs its backend gave up on (run as aten ops): outputs,
+and in training the loss, every parameter's gradient and the parameters after an SGD step.
+With --speed, steady-state time of eager, Inductor and ember in one process (interleaved
+blocks, medians, BENCHMARKING.md) and the ratios; with --first-call, the first call in fresh
+processes with cold and warm caches.
 
     .venv/bin/python bench/models.py [--only bert,gpt2] [--modes infer,train] [--speed]
         [--first-call] [--threads 1] [--clock cpu] [--json out.json]
@@ -41,6 +42,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from timing import block, calls_per_block  # noqa: E402
 
 import ember  # noqa: E402
+from ember.backend.compile import stats as backend_stats  # noqa: E402
 from ember.testing.models import CASES, by_name, loss_of, outputs  # noqa: E402
 
 
@@ -216,7 +218,9 @@ def main() -> None:
             start = time.perf_counter()
             try:
                 row |= counts(name, train)
+                before = backend_stats["graph_fallbacks"]
                 row["max_diff"] = correctness(name, train)
+                row["fallbacks"] = backend_stats["graph_fallbacks"] - before
                 if args.speed:
                     row |= speed(name, train, args.blocks, args.block_s, clock)
                 if args.first_call:
@@ -241,6 +245,8 @@ def _line(row: dict) -> str:
         f"  dynamo {row['dynamo_graphs']}g/{row['dynamo_breaks']}b"
         f"  diff {row.get('max_diff', math.nan):.2g}"
     )
+    if row.get("fallbacks"):  # graphs the backend gave up on (run as aten ops)
+        text += f"  BACKEND FALLBACKS {row['fallbacks']}"
     for key in ("inductor_x", "ember_x", "inductor_cold_s", "ember_cold_s"):
         if key in row:
             text += f"  {key} {row[key]:.2f}"
@@ -254,8 +260,10 @@ def _line(row: dict) -> str:
 def _summary(rows: list[dict]) -> None:
     worse = [r for r in rows if r.get("ember_graphs", 0) > r.get("dynamo_graphs", 0)]
     wrong = [r for r in rows if not r.get("max_diff", math.inf) <= 1e-4]
+    fell_back = [(r["model"], r["mode"]) for r in rows if r.get("fallbacks")]
     print(f"\n{len(rows)} rows; more graphs than Dynamo: {[r['model'] for r in worse]}")
     print(f"not matching eager (or failed): {[(r['model'], r['mode']) for r in wrong]}")
+    print(f"graphs the backend ran as aten ops (EMBER_LOGS=kernels says why): {fell_back}")
     timed = [r for r in rows if "ember_x" in r]
     if timed:
         _speed_table(timed)
