@@ -46,13 +46,7 @@ class CompileOptions:
         mode: str | None,
         options: dict | None,
     ) -> None:
-        if mode not in (
-            None,
-            "default",
-            "reduce-overhead",
-            "max-autotune",
-            "max-autotune-no-cudagraphs",
-        ):
+        if mode not in config.MODES:
             raise ValueError(f"unknown mode {mode!r}")
         if mode is not None and options:
             raise RuntimeError("either mode or options can be given, not both")

@@ -18,6 +18,14 @@ def _default_cache_dir() -> str:
     return str(Path(base) / "ember")
 
 
+MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+"""torch.compile's `mode` values, which ember.compile and ember's backend accept."""
+AUTOTUNE_MODES = ("max-autotune", "max-autotune-no-cudagraphs")
+"""Modes that time each Triton kernel's launch configurations (backend/codegen/autotune.py)."""
+CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
+"""Modes that record compiled graphs into CUDA graphs (backend/cudagraphs.py)."""
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Config:
     recompile_limit: int = 8

@@ -143,17 +143,12 @@ def generate(
     return Artifact(module, py, kernels, consts, cacheable, ir_text, language)
 
 
-MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-AUTOTUNE_MODES = ("max-autotune", "max-autotune-no-cudagraphs")
-CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
-
-
 def _load(
     art: Artifact, gm: torch.fx.GraphModule, device: torch.device, mode: str | None = None
 ) -> Callable[..., Any]:
     if art.language == "triton":
         with _stage("loading the Triton kernels"):
-            tune = mode in AUTOTUNE_MODES
+            tune = mode in config.AUTOTUNE_MODES
             kernels = triton_runtime.load(art.cpp, list(art.kernels), device, autotune=tune)
     else:
         with _stage("g++ and loading the kernels"):
@@ -224,12 +219,13 @@ def compile_aten(
     "max-autotune-no-cudagraphs" autotune the Triton kernels (codegen/autotune.py);
     "reduce-overhead" and "max-autotune" record the graph's calls into CUDA graphs
     (cudagraphs.py)."""
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; known modes: {', '.join(map(str, MODES))}")
-    fn = _compile_aten(gm, example_inputs, mode)
-    if mode not in CUDAGRAPH_MODES:
-        return fn
+    if mode not in config.MODES:
+        known = ", ".join(map(str, config.MODES))
+        raise ValueError(f"unknown mode {mode!r}; known modes: {known}")
     device = placement(gm, example_inputs)
+    fn = _compile_aten(gm, example_inputs, device, mode)
+    if mode not in config.CUDAGRAPH_MODES:
+        return fn
     if not isinstance(device, torch.device):
         why = device
     else:
@@ -243,9 +239,11 @@ def compile_aten(
 
 
 def _compile_aten(
-    gm: torch.fx.GraphModule, example_inputs: list[Any], mode: str | None
+    gm: torch.fx.GraphModule,
+    example_inputs: list[Any],
+    device: torch.device | str,
+    mode: str | None,
 ) -> Callable[..., Any]:
-    device = placement(gm, example_inputs)
     language = language_for(device) if isinstance(device, torch.device) else None
     if language is None:
         stats["off_cpu_graphs"] += 1

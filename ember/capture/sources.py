@@ -178,24 +178,16 @@ class CellSource(Source):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class CellParamSource(Source):
+class CellParamSource(LocalSource):
     """A cell object that a resume function receives as a parameter (its cell variable of
     that name): the guard reads the parameter, generated code the raw slot, not the
     contents that LOAD_DEREF would give."""
 
-    var: str
-
     def name(self) -> str:
-        return f"L[{self.var!r}] (cell)"
-
-    def expr(self, scope: GuardScope) -> str:
-        return self.var
+        return f"L[{self.local!r}] (cell)"
 
     def emit(self, cg: CodeBuilder) -> None:
-        cg.load_cell_object(self.var)
-
-    def is_local(self) -> bool:
-        return True
+        cg.load_cell_object(self.local)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
