@@ -89,8 +89,9 @@ TensorMatch: type = _resolve("_C._dynamo.guards.TensorGuards")
 requires_grad (what Dynamo's tensor guards run): ember's guards call it per tensor, cheaper
 than the same checks as Python attribute reads."""
 reinterpret_tensor: Callable[..., torch.Tensor] = _resolve("_C._dynamo.guards._reinterpret_tensor")
-"""A tensor over another's storage with given sizes, strides and offset, made in C++ without
-the dispatcher or a view's autograd record: half the cost of `torch.as_strided`."""
+"""A tensor over another's storage with given sizes and strides, at an offset *added to the
+other's own storage offset*, made in C++ without the dispatcher or a view's autograd record:
+half the cost of `torch.as_strided` (whose offset is absolute)."""
 _storage_use_count: Callable[[int], int] = _resolve("_C._storage_Use_Count")
 
 

@@ -98,3 +98,22 @@ def test_batched_product_read_otherwise_is_left_alone(consumer):
     (art,) = check(f, torch.randn(3, 20, 12), torch.randn(3, 12, 24), atol=1e-5, rtol=1e-5)
     call = next(ln for ln in art.wrapper.splitlines() if "= _op" in ln)
     assert call.split("(", 1)[1].startswith("in0, in1")
+
+
+def test_read_only_operands_at_storage_offsets():
+    # FSDP1's parameters are views of one flat parameter at offsets, and a sliced input
+    # starts inside its storage: the extern ops' read-only aliases (_reinterpret_tensor
+    # adds its offset to the tensor's own) must land where each operand starts.
+    flat = torch.randn(7 + 24 * 16 + 16 + 16 * 8)
+    w1 = flat[7 : 7 + 24 * 16].view(16, 24)
+    b1 = flat[7 + 24 * 16 : 7 + 24 * 16 + 16]
+    w2 = flat[7 + 24 * 16 + 16 :].view(8, 16)
+
+    def f(x, w1, b1, w2):
+        h = torch.nn.functional.linear(x, w1, b1).relu()
+        return h @ w2.t(), torch.mm(x[2:], w1.t())
+
+    x = torch.randn(10, 24)[1:]
+    assert x.storage_offset() == 24 and w1.storage_offset() == 7
+    (art,) = check(f, x, w1, b1, w2, atol=1e-5, rtol=1e-5)
+    assert "_alias(" in art.wrapper  # the path under test

@@ -81,12 +81,14 @@ class _Writer:
         if self.actual.get(v) == lay and (lay.offset == 0):
             return v
         offset = sizes.py(lay.offset)
+        size, stride = py_tuple(lay.size), py_tuple(lay.stride)
+        if alias:  # _reinterpret_tensor adds the offset to the tensor's own
+            return f"_alias({v}, {size}, {stride}, {offset})"
         if v in self.relative:
             off = f"{v}.storage_offset()" + (f" + {offset}" if offset != "0" else "")
         else:
             off = offset
-        how = "_alias" if alias else "_as"
-        return f"{how}({v}, {py_tuple(lay.size)}, {py_tuple(lay.stride)}, {off})"
+        return f"_as({v}, {size}, {stride}, {off})"
 
     def arg(self, a: Any, read_only: bool = False) -> str:
         if isinstance(a, ir.TensorArg):
