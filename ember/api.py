@@ -205,6 +205,16 @@ def _call_module(module: torch.nn.Module, /, *args: Any, **kwargs: Any) -> Any:
     return module(*args, **kwargs)
 
 
+_WRAPPER_ATTRIBUTES = (
+    "_orig_mod",
+    "_compiled_forward",
+    "_compiled_call",
+    "_runs_in_python",
+    "_options",
+    "_forwards",
+)
+
+
 class CompiledModule(torch.nn.Module):
     """The module `ember.compile(module)` returns: forward is compiled, everything else
     (attributes, parameters, state_dict, train()/eval()) is the original's."""
@@ -212,10 +222,18 @@ class CompiledModule(torch.nn.Module):
     def __init__(self, mod: torch.nn.Module, opts: CompileOptions) -> None:
         super().__init__()
         self._orig_mod = mod
-        inner = wrapped_module(mod)  # DDP's module, or an FSDP2 module's own forward
+        inner = wrapped_module(mod)  # DDP's or FSDP1's module, or an FSDP2 module itself
         self._compiled_forward = compile_function(type(inner or mod).forward, opts)
         self._compiled_call = compile_function(_call_module, opts)
         self._runs_in_python = inner is not None
+        self._options = opts
+        self._forwards = {type(inner or mod): self._compiled_forward}
+
+    def _compiled_forward_of(self, cls: type) -> Callable[..., Any]:
+        """The compiled `cls.forward` (modules nested in FSDP1 wrappers have their own)."""
+        if cls not in self._forwards:
+            self._forwards[cls] = compile_function(cls.forward, self._options)
+        return self._forwards[cls]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """The original module's call: its hooks, and global ones, run once, inside. Hooks
@@ -233,7 +251,7 @@ class CompiledModule(torch.nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         mod = self._orig_mod
         if self._runs_in_python:  # DDP's forward, FSDP's hooks: in Python, around ours
-            return call_with_compiled_forward(mod, self._compiled_forward, args, kwargs)
+            return call_with_compiled_forward(mod, self._compiled_forward_of, args, kwargs)
         if has_hooks(mod):  # the hooks are traced with the call, as Dynamo does
             return self._compiled_call(mod, *args, **kwargs)
         return self._compiled_forward(mod, *args, **kwargs)
@@ -244,11 +262,7 @@ class CompiledModule(torch.nn.Module):
         return getattr(self._orig_mod, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if (
-            name in ("_orig_mod", "_compiled_forward", "_compiled_call", "_runs_in_python")
-            or name.startswith("_")
-            and name in self.__dict__
-        ):
+        if name in _WRAPPER_ATTRIBUTES or name.startswith("_") and name in self.__dict__:
             super().__setattr__(name, value)
         else:
             setattr(

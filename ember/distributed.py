@@ -1,11 +1,15 @@
-"""ember and torch.distributed's data-parallel wrappers (DDP, FSDP2).
+"""ember and torch.distributed's data-parallel wrappers (DDP, FSDP1, FSDP2).
 
 Calling the wrapper: the wrappers' own calls do collective communication and bookkeeping
 that ember runs in Python, as Dynamo's frame hook skips them: DDP's forward (its reducer
-preparing for the backward) and FSDP2's hooks (all-gathering parameters before a block's
-forward, freeing them after). What they wrap is compiled: while the wrapper's call runs,
-the wrapped module's `forward` is ember's compiled forward (`call_with_compiled_forward`).
-So `ember.compile(DDP(model))`, `DDP(ember.compile(model))` and `ember.compile(block)` of a
+preparing for the backward), FSDP1's forward (all-gathering the flat parameter, pointing the
+wrapped modules' parameters at views of it, freeing it after) and FSDP2's hooks
+(all-gathering parameters before a block's forward, freeing them after). What they wrap is
+compiled: while the wrapper's call runs, the wrapped module's `forward` is ember's compiled
+forward (`call_with_compiled_forward`), and so is the wrapped module's of every FSDP1
+instance nested inside (a capture that meets a DDP or FSDP1 call breaks the graph there:
+`data_parallel_call`). So `ember.compile(DDP(model))`, `DDP(ember.compile(model))`,
+`ember.compile(FSDP(model))` (nested FSDP1 blocks too) and `ember.compile(block)` of a
 `fully_shard`ed block all capture the forward, and the wrappers work as they do eagerly.
 
 Overlap (Dynamo's DDPOptimizer idea): DDP all-reduces a bucket of gradients as soon as all
@@ -50,14 +54,43 @@ def _fsdp_class() -> type | None:
     return getattr(fsdp, "FSDPModule", None)
 
 
+def _fsdp1_class() -> type | None:
+    """FSDP1's FullyShardedDataParallel, if the program has loaded FSDP."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return getattr(fsdp, "FullyShardedDataParallel", None)
+
+
+def _is_fsdp1(module: torch.nn.Module) -> bool:
+    fsdp1 = _fsdp1_class()
+    return fsdp1 is not None and isinstance(module, fsdp1)
+
+
 def wrapped_module(module: torch.nn.Module) -> torch.nn.Module | None:
     """The module whose forward ember compiles when `module`'s own call must run in Python:
-    DDP's wrapped module, or an FSDP2 module itself (its hooks run around its forward)."""
+    DDP's or FSDP1's wrapped module, or an FSDP2 module itself (its hooks run around its
+    forward)."""
     ddp, fsdp = _ddp_class(), _fsdp_class()
     if ddp is not None and isinstance(module, ddp):
         return module.module
+    if _is_fsdp1(module):
+        return module._fsdp_wrapped_module
     if fsdp is not None and isinstance(module, fsdp):
         return module
+    return None
+
+
+def data_parallel_call(module: torch.nn.Module) -> str | None:
+    """Why a call of `module` met inside a capture must run in Python (None: it can be
+    traced): DDP's and FSDP1's calls communicate across processes and repoint parameters,
+    which a graph cannot hold. FSDP2 modules are plain modules with hooks: traced."""
+    ddp = _ddp_class()
+    if ddp is not None and isinstance(module, ddp):
+        return "a DistributedDataParallel call (its reducer prepares the backward)"
+    if _is_fsdp1(module):
+        return (
+            "a FullyShardedDataParallel (FSDP1) call (it all-gathers its flat parameter and "
+            "points the wrapped module's parameters at it)"
+        )
     return None
 
 
@@ -79,14 +112,23 @@ def _forward_replaced(module: torch.nn.Module, forward: Callable[..., Any]) -> I
 
 def call_with_compiled_forward(
     outer: torch.nn.Module,
-    compiled_forward: Callable[..., Any],
+    compiled_forward_of: Callable[[type], Callable[..., Any]],
     args: tuple,
     kwargs: dict,
 ) -> Any:
-    """`outer(*args, **kwargs)` in Python, with the wrapped module's forward compiled."""
+    """`outer(*args, **kwargs)` in Python, with the wrapped module's forward compiled, and
+    that of each FSDP1 instance nested in it (`compiled_forward_of(cls)`: the compiled
+    `cls.forward`)."""
     inner = wrapped_module(outer)
     assert inner is not None
-    with _forward_replaced(inner, functools.partial(compiled_forward, inner)):
+    inners = [inner]
+    if _is_fsdp1(outer):
+        nested = [m for m in outer.modules() if m is not outer and _is_fsdp1(m)]
+        inners += [m._fsdp_wrapped_module for m in nested]
+    with contextlib.ExitStack() as stack:
+        for module in inners:
+            compiled = functools.partial(compiled_forward_of(type(module)), module)
+            stack.enter_context(_forward_replaced(module, compiled))
         return outer(*args, **kwargs)
 
 

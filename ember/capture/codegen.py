@@ -51,6 +51,7 @@ from ember.capture.values.mappings import DictObjectValue
 from ember.capture.values.modules import has_hooks
 from ember.capture.values.objects import CellValue, ModuleValue, UserObjectValue
 from ember.capture.values.tensor import TensorValue
+from ember.distributed import data_parallel_call
 from ember.errors import BreakReason, Unsupported
 
 GRAPH_OUT = "___graph_out"
@@ -376,7 +377,11 @@ def _reconstruct_callee(em: Emitter, value: Value, site: BreakSite) -> None:
         em.cg.call(2)
     elif isinstance(value, ModuleValue) and value.source is not None:
         mod = value.module
-        if type(mod).__call__ is torch.nn.Module.__call__ and not has_hooks(mod):
+        if (
+            type(mod).__call__ is torch.nn.Module.__call__
+            and not has_hooks(mod)
+            and data_parallel_call(mod) is None  # DDP's, FSDP1's forward: in Python
+        ):
             # forward through ember, so a submodule whose forward breaks is captured too
             em.cg.load_const(types.MethodType, push_null=True)
             em.cg.load_const(site.wrap_callee(type(mod).forward))

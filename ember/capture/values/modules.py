@@ -24,6 +24,7 @@ from ember.capture.sources import AttrSource, ForeignGlobalSource
 from ember.capture.values.base import ConstantValue, Value
 from ember.capture.values.containers import TupleValue
 from ember.capture.values.objects import ModuleValue, _class_attribute
+from ember.distributed import data_parallel_call
 from ember.errors import BreakReason, Unsupported
 
 if TYPE_CHECKING:
@@ -72,6 +73,12 @@ def call_module(tx: Translator, value: ModuleValue, args: list[Value], kwargs: d
     """`module(*args, **kwargs)`: forward pre-hooks, forward and forward hooks, in the
     order and with the argument rules of `Module._call_impl`."""
     m = value.module
+    if (why := data_parallel_call(m)) is not None:
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_CALL,
+            f"{value.describe()} is {why}: it runs in Python",
+            hint="ember.compile the outer wrapper: what each wrapper wraps is compiled",
+        )
     if _has_backward_hooks(m):
         raise Unsupported(
             BreakReason.UNSUPPORTED_CALL,
