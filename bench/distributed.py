@@ -14,9 +14,12 @@ the `others` column is their share of the CPU while the blocks ran.
 Variants: eager DDP; torch.compile(DDP(model)) and DDP(torch.compile(model)) with Inductor;
 ember.compile(DDP(model)) and DDP(ember.compile(model)) with ember's backend; with --fsdp,
 FSDP2 (fully_shard per block and at the root) eager, with each block compiled by ember, and
-with each block compiled by torch.compile.
+with each block compiled by torch.compile; with --fsdp1, FSDP1 (FullyShardedDataParallel
+per block and at the root, use_orig_params=True) eager, ember.compile(FSDP1) and
+torch.compile(FSDP1).
 
     .venv/bin/python bench/distributed.py [--steps 3] [--repeats 5] [--bucket-mb 25] [--fsdp]
+        [--fsdp1]
 """
 
 from __future__ import annotations
@@ -81,7 +84,20 @@ def _fsdp(model: torch.nn.Module, compile_block: Callable | None) -> torch.nn.Mo
     return model
 
 
-def variants(bucket_mb: float, fsdp: bool) -> dict[str, Callable[[torch.nn.Module], tuple]]:
+def _fsdp1(model: torch.nn.Module) -> torch.nn.Module:
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    policy = ModuleWrapPolicy({type(model.blocks[0])})
+    cpu = torch.device("cpu")
+    return FullyShardedDataParallel(
+        model, auto_wrap_policy=policy, use_orig_params=True, device_id=cpu
+    )
+
+
+def variants(
+    bucket_mb: float, fsdp: bool, fsdp1: bool
+) -> dict[str, Callable[[torch.nn.Module], tuple]]:
     """Name -> (model -> (callable, parameters' owner, counting backend or None))."""
 
     def ddp(m: torch.nn.Module) -> DDP:
@@ -123,11 +139,40 @@ def variants(bucket_mb: float, fsdp: bool) -> dict[str, Callable[[torch.nn.Modul
         table["FSDP, blocks torch.compile"] = sharded(
             lambda b, c: torch.compile(b, backend=c, dynamic=False), _inductor
         )
+    if fsdp1:
+
+        def wrapped(m: torch.nn.Module) -> tuple:
+            model = _fsdp1(m)
+            return model, model, None
+
+        def compiled1(compiler: Callable, compile_root: Callable) -> Callable:
+            def build(m: torch.nn.Module) -> tuple:
+                counter, model = compiler(), _fsdp1(m)
+                return compile_root(model, counter), model, counter
+
+            return build
+
+        table["eager FSDP1"] = wrapped
+        table["ember.compile(FSDP1)"] = compiled1(_ember, lambda m, c: ember.compile(m, backend=c))
+        table["torch.compile(FSDP1)"] = compiled1(
+            _inductor, lambda m, c: torch.compile(m, backend=c, dynamic=False)
+        )
     return table
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _parameters(owner: torch.nn.Module) -> list[torch.Tensor]:
+    """The owner's whole parameters (FSDP2's DTensors gathered, FSDP1's flat shards
+    summoned), a collective each rank runs in the same order."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    fsdp1 = getattr(fsdp, "FullyShardedDataParallel", None)
+    if fsdp1 is not None and isinstance(owner, fsdp1):
+        with fsdp1.summon_full_params(owner):
+            return [p.detach().clone() for p in owner.parameters()]
+    return [_full(p).detach() for p in owner.parameters()]
 
 
 def worker(rank: int, store: str, args: argparse.Namespace, results: Any) -> None:
@@ -146,7 +191,7 @@ def run(rank: int, args: argparse.Namespace) -> dict:
     total = 1 + args.repeats * args.steps
     batches = [torch.randn(8, 128, 256, generator=gen) for _ in range(total)]
     runners = {}
-    for name, build in variants(args.bucket_mb, args.fsdp).items():
+    for name, build in variants(args.bucket_mb, args.fsdp, args.fsdp1).items():
         model = copy.deepcopy(base)
         fn, owner, counter = build(model)
         opt = torch.optim.SGD(owner.parameters(), lr=1e-3)
@@ -177,9 +222,9 @@ def run(rank: int, args: argparse.Namespace) -> dict:
             busy1, total1 = _busy_jiffies()
             own = (_own_cpu() - own0) * hz
             row[name]["others"].append(max(0.0, busy1 - busy0 - 2 * own) / max(1, total1 - total0))
-    reference = [_full(p).detach() for p in runners["eager DDP"]["owner"].parameters()]
+    reference = _parameters(runners["eager DDP"]["owner"])
     for name, r in runners.items():
-        params = [_full(p).detach() for p in r["owner"].parameters()]
+        params = _parameters(r["owner"])
         row[name]["maxdiff"] = max(float((a - b).abs().max()) for a, b in zip(params, reference))
         row[name]["graphs"] = r["counter"].graphs if r["counter"] is not None else 0
     return row
@@ -191,6 +236,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed blocks per variant")
     parser.add_argument("--bucket-mb", type=float, default=25.0, help="DDP's bucket_cap_mb")
     parser.add_argument("--fsdp", action="store_true", help="FSDP2 variants too")
+    parser.add_argument("--fsdp1", action="store_true", help="FSDP1 variants too")
     args = parser.parse_args()
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
