@@ -129,7 +129,8 @@ def _run_cached(
         policy = DynamicPolicy(
             opts.dynamic is True, dict(cache.dynamic), counters=opts.dynamic is not False
         )
-        entry = capture_call(fn, args, kwargs, opts.backend, wrap, policy)
+        with torch_compat.capturing_outside_inference_mode():
+            entry = capture_call(fn, args, kwargs, opts.backend, wrap, policy)
     except Unsupported as exc:
         if opts.fullgraph:
             raise

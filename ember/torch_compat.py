@@ -214,3 +214,37 @@ def without_dynamo(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     import torch._dynamo  # noqa: F401  (the traced code asked for it)
 
     return fn(*args, **kwargs)
+
+
+def records_autograd() -> bool:
+    """Whether ops now record autograd: grad mode on, outside inference mode (under which
+    even enable_grad records nothing, and saving an inference tensor is an error)."""
+    return torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+
+
+_callers_inference_mode = False
+
+
+def callers_inference_mode() -> bool:
+    """Whether the compiled function's caller runs under torch.inference_mode (what the
+    traced code sees from `torch.is_inference_mode_enabled()`)."""
+    return _callers_inference_mode
+
+
+@contextmanager
+def capturing_outside_inference_mode() -> Iterator[None]:
+    """A capture (and its compile) called under torch.inference_mode runs outside it, with
+    the caller's grad mode: meta examples and traced results must be ordinary tensors,
+    which have version counters (how the capture finds in-place writes) where inference
+    tensors have none. The compiled code itself runs in the caller's mode."""
+    global _callers_inference_mode
+    if not torch.is_inference_mode_enabled():
+        yield
+        return
+    grad = torch.is_grad_enabled()
+    _callers_inference_mode = True
+    try:
+        with torch.inference_mode(False), torch.set_grad_enabled(grad):
+            yield
+    finally:
+        _callers_inference_mode = False

@@ -100,7 +100,7 @@ class AotFunction:
     def key(self, args: Sequence[Any]) -> tuple[Any, ...]:
         """Which inputs need grad (under grad mode) and the values of non-tensor inputs
         (not of symbolic sizes: one trace serves them all)."""
-        grad = torch.is_grad_enabled() or self.enables_grad
+        grad = torch_compat.records_autograd() or self.enables_grad
         sizes = self._sizes
         parts: list[Any] = [
             (grad and a.requires_grad)
@@ -145,7 +145,7 @@ class AotFunction:
         fast = self._fast
         if fast is not None and len(args) == self._fast_arity:
             try:
-                needs_grad = torch.is_grad_enabled() and (
+                needs_grad = torch_compat.records_autograd() and (
                     any(a.requires_grad for a in args)
                     if not self._sizes
                     else any(args[i].requires_grad for i in self._fast_tensors)

@@ -16,6 +16,7 @@ import re
 import types
 import weakref
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -35,6 +36,7 @@ class GuardKind(enum.Enum):
     NONE_MATCH = "value is None"
     SAME_OBJECT = "two sources hold the same tensor"
     GRAD_MODE = "torch.is_grad_enabled()"
+    INFERENCE_MODE = "torch.is_inference_mode_enabled(), where the trace asked for it"
     NO_HOOKS = "module has no forward or backward hooks"
     MISSING_ATTR = "an attribute the trace found missing (hasattr, getattr default) stays so"
     DICT_CONTAINS = "a key the trace looked up in a dict is still present (or still absent)"
@@ -68,9 +70,13 @@ def _hashable(value: Any) -> Any:
 def tensor_match(t: torch.Tensor) -> Any:
     """A C++ check that a tensor matches `t` as a TENSOR_MATCH guard's conditions say (and,
     stricter, in its dispatch keys: a conjugate or negative view, a tensor subclass's keys)."""
-    return torch_compat.TensorMatch(
-        t, dynamic_dims_sizes=[list(t.shape)], dynamic_dims_strides=[list(t.stride())]
-    )
+    # it keeps this thread's dispatch keys from its construction: the caller's, not those
+    # of the capture, which runs outside the caller's inference mode
+    callers = torch.inference_mode() if torch_compat.callers_inference_mode() else nullcontext()
+    with callers:
+        return torch_compat.TensorMatch(
+            t, dynamic_dims_sizes=[list(t.shape)], dynamic_dims_strides=[list(t.stride())]
+        )
 
 
 def _tensor_conditions(g: Guard, scope: GuardScope) -> list[str]:
@@ -147,6 +153,9 @@ _CONDITIONS: dict[GuardKind, Callable[[Guard, GuardScope], list[str]]] = {
     GuardKind.NONE_MATCH: lambda g, s: [f"{g.source.expr(s)} is None"],
     GuardKind.SAME_OBJECT: lambda g, s: [f"{g.source.expr(s)} is {g.expected.expr(s)}"],
     GuardKind.GRAD_MODE: lambda g, s: [f"___torch.is_grad_enabled() is {g.expected}"],
+    GuardKind.INFERENCE_MODE: lambda g, s: [
+        f"___torch.is_inference_mode_enabled() is {g.expected}"
+    ],
     GuardKind.NO_HOOKS: _no_hooks,
     GuardKind.MISSING_ATTR: lambda g, s: [f"not hasattr({g.source.expr(s)}, {g.expected!r})"],
     GuardKind.DICT_CONTAINS: lambda g, s: [

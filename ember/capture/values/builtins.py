@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ember import torch_compat
+from ember.capture.guards import GuardKind
 from ember.capture.shapes import is_symbolic
 from ember.capture.values import compiler
 from ember.capture.values.base import (
@@ -549,6 +550,13 @@ for _name in dir(operator):
 @handles(torch.is_grad_enabled)
 def _is_grad_enabled(tx, args, kwargs):
     return ConstantValue(torch.is_grad_enabled())  # pinned by the GRAD_MODE guard
+
+
+@handles(torch.is_inference_mode_enabled)
+def _is_inference_mode_enabled(tx, args, kwargs):
+    mode = torch_compat.callers_inference_mode()
+    tx.ctx.guards.add(GuardKind.INFERENCE_MODE, None, mode)
+    return ConstantValue(mode)
 
 
 @handles(torch.is_tensor)
