@@ -7,9 +7,11 @@ so after the steps all must hold the same parameters: the table gives the larges
 difference to eager DDP's. Graphs are what each compiler handed its backend (ember's and
 Dynamo's counts, DDP split at its buckets included); the first step includes compiling.
 Step times are medians of interleaved blocks of steps (A B C ... A B C ...), from rank 0
-(the ranks wait for each other in every all-reduce). One torch thread per process: the two
-processes share the machine's two cores, so other jobs on the machine distort the times;
-the `others` column is their share of the CPU while the blocks ran.
+(the ranks wait for each other in every all-reduce); `cpu ms` is rank 0's process CPU time
+per step (its compute and gloo's work, not the waits: steadier on a loaded machine). One
+torch thread per process: the two processes share the machine's two cores, so other jobs
+on the machine distort the times; the `others` column is their share of the CPU while the
+blocks ran.
 
 Variants: eager DDP; torch.compile(DDP(model)) and DDP(torch.compile(model)) with Inductor;
 ember.compile(DDP(model)) and DDP(ember.compile(model)) with ember's backend; with --fsdp,
@@ -208,7 +210,7 @@ def run(rank: int, args: argparse.Namespace) -> dict:
     for name, r in runners.items():
         t0 = time.perf_counter()
         step(r)  # compiles
-        row[name] = {"first_s": time.perf_counter() - t0, "times": [], "others": []}
+        row[name] = {"first_s": time.perf_counter() - t0, "times": [], "cpu": [], "others": []}
     hz = os.sysconf("SC_CLK_TCK")
     for _ in range(args.repeats):
         for name, r in runners.items():
@@ -220,6 +222,7 @@ def run(rank: int, args: argparse.Namespace) -> dict:
                 step(r)
             row[name]["times"].append((time.perf_counter() - t0) / args.steps)
             busy1, total1 = _busy_jiffies()
+            row[name]["cpu"].append((_own_cpu() - own0) / args.steps)
             own = (_own_cpu() - own0) * hz
             row[name]["others"].append(max(0.0, busy1 - busy0 - 2 * own) / max(1, total1 - total0))
     reference = _parameters(runners["eager DDP"]["owner"])
@@ -256,16 +259,19 @@ def main() -> None:
     )
     print(
         f"{'variant':28} {'graphs r0/r1':>12} {'first s':>8} {'step ms':>8} {'vs eager':>8} "
-        f"{'maxdiff':>8} {'others':>6}"
+        f"{'cpu ms':>7} {'vs eager':>8} {'maxdiff':>8} {'others':>6}"
     )
     eager_ms = statistics.median(rows[0]["eager DDP"]["times"]) * 1e3
+    eager_cpu = statistics.median(rows[0]["eager DDP"]["cpu"]) * 1e3
     for name, r0 in rows[0].items():
         r1 = rows[1][name]
         ms = statistics.median(r0["times"]) * 1e3
+        cpu = statistics.median(r0["cpu"]) * 1e3
         diff = max(r0["maxdiff"], r1["maxdiff"])
         print(
             f"{name:28} {r0['graphs']:>5}/{r1['graphs']:<6} {r0['first_s']:8.2f} {ms:8.1f} "
-            f"{eager_ms / ms:7.2f}x {diff:8.1e} {statistics.median(r0['others']):6.0%}"
+            f"{eager_ms / ms:7.2f}x {cpu:7.1f} {eager_cpu / cpu:7.2f}x {diff:8.1e} "
+            f"{statistics.median(r0['others']):6.0%}"
         )
 
 
