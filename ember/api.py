@@ -129,7 +129,10 @@ def _run_cached(
         policy = DynamicPolicy(
             opts.dynamic is True, dict(cache.dynamic), counters=opts.dynamic is not False
         )
-        with torch_compat.capturing_outside_inference_mode():
+        with (
+            torch_compat.capturing_outside_inference_mode(),
+            torch_compat.capturing_outside_autocast(),
+        ):
             entry = capture_call(fn, args, kwargs, opts.backend, wrap, policy)
     except Unsupported as exc:
         if opts.fullgraph:

@@ -22,7 +22,7 @@ import sys
 import types
 import warnings
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, TypeVar
 
 import torch
@@ -248,3 +248,63 @@ def capturing_outside_inference_mode() -> Iterator[None]:
             yield
     finally:
         _callers_inference_mode = False
+
+
+AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu")
+"""The device types whose autocast state a capture reads and its guards check."""
+
+
+def autocast_state() -> tuple[tuple[str, torch.dtype, bool], ...]:
+    """(device type, dtype, cache enabled) for each device type autocast is on for."""
+    if not is_any_autocast_enabled():
+        return ()
+    cache = torch.is_autocast_cache_enabled()
+    return tuple(
+        (device, torch.get_autocast_dtype(device), cache)
+        for device in AUTOCAST_DEVICES
+        if torch.is_autocast_enabled(device)
+    )
+
+
+_callers_autocast: tuple[tuple[str, torch.dtype, bool], ...] = ()
+
+
+def callers_autocast() -> tuple[tuple[str, torch.dtype, bool], ...]:
+    """The autocast state of the compiled function's caller (`autocast_state()`'s form)."""
+    return _callers_autocast
+
+
+@contextmanager
+def capturing_outside_autocast() -> Iterator[None]:
+    """A capture (and its compile) called under torch.autocast runs with autocast off: the
+    capture applies the caller's autocast to each op itself, as explicit casts in the graph
+    (capture/autocast.py), and the backend's own work (timing a GEMM on real tensors) must
+    not be recast. The compiled code itself runs under the caller's autocast."""
+    global _callers_autocast
+    state = autocast_state()
+    if not state:
+        yield
+        return
+    _callers_autocast = state
+    try:
+        for device, _, _ in state:
+            torch.set_autocast_enabled(device, False)
+        yield
+    finally:
+        _callers_autocast = ()
+        for device, _, _ in state:
+            torch.set_autocast_enabled(device, True)
+
+
+@contextmanager
+def in_callers_modes() -> Iterator[None]:
+    """The caller's inference mode and autocast back on, inside a capture that runs outside
+    them: for what keeps this thread's dispatch keys from its making (a TensorGuards check)."""
+    with torch.inference_mode() if _callers_inference_mode else nullcontext():
+        for device, _, _ in _callers_autocast:
+            torch.set_autocast_enabled(device, True)
+        try:
+            yield
+        finally:
+            for device, _, _ in _callers_autocast:
+                torch.set_autocast_enabled(device, False)

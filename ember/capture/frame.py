@@ -25,6 +25,7 @@ from ember import logs, torch_compat
 from ember.backends import backend_name
 from ember.bytecode import Op
 from ember.capture import stats
+from ember.capture.autocast import without_callers_autocast
 from ember.capture.cache import CacheEntry
 from ember.capture.codegen import (
     BreakSite,
@@ -36,7 +37,7 @@ from ember.capture.codegen import (
     live_tensors,
 )
 from ember.capture.guards import build_guard_function
-from ember.capture.handlers.control import enters_in_python
+from ember.capture.handlers.control import enters_in_python, is_autocast
 from ember.capture.nested import frame_function, passes_free_cells
 from ember.capture.resume import (
     StackSlot,
@@ -378,11 +379,12 @@ def _check_resumable(tracer: Any) -> None:
             "resume after",
         )
     inst = tracer.graph_break.inst
-    if inst.op is Op.BEFORE_WITH and not enters_in_python(tracer.stack[-1]):
+    manager = tracer.stack[-1] if inst.op is Op.BEFORE_WITH else None
+    if manager is not None and not (enters_in_python(manager) or is_autocast(manager)):
         raise _runs_eagerly(
             reason,
-            f"`with` on {tracer.stack[-1].describe()}: ember captures the inside of context "
-            "managers written in Python only",
+            f"`with` on {manager.describe()}: ember captures the inside of context managers "
+            "written in Python and of torch.autocast only",
         )
 
 
@@ -444,11 +446,13 @@ def _compile_graph(
     backend: Callable[..., Any], gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]
 ) -> Callable[..., Any]:
     """The backend's compiled graph; inside DDP's forward, in parts at its gradient buckets
-    (ember/distributed.py), each compiled by the backend."""
+    (ember/distributed.py), each compiled by the backend. Run outside the caller's autocast,
+    whose casts the graph holds (capture/autocast.py)."""
     ddp = active_ddp()
     if ddp is None:
-        return _call_backend(backend, gm, example_inputs)
-    return split_at_buckets(gm, example_inputs, ddp, functools.partial(_call_backend, backend))
+        return without_callers_autocast(_call_backend(backend, gm, example_inputs))
+    compile_part = functools.partial(_call_backend, backend)
+    return without_callers_autocast(split_at_buckets(gm, example_inputs, ddp, compile_part))
 
 
 def _call_backend(

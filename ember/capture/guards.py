@@ -16,7 +16,6 @@ import re
 import types
 import weakref
 from collections.abc import Callable
-from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -71,9 +70,8 @@ def tensor_match(t: torch.Tensor) -> Any:
     """A C++ check that a tensor matches `t` as a TENSOR_MATCH guard's conditions say (and,
     stricter, in its dispatch keys: a conjugate or negative view, a tensor subclass's keys)."""
     # it keeps this thread's dispatch keys from its construction: the caller's, not those
-    # of the capture, which runs outside the caller's inference mode
-    callers = torch.inference_mode() if torch_compat.callers_inference_mode() else nullcontext()
-    with callers:
+    # of the capture, which runs outside the caller's inference mode and autocast
+    with torch_compat.in_callers_modes():
         return torch_compat.TensorMatch(
             t, dynamic_dims_sizes=[list(t.shape)], dynamic_dims_strides=[list(t.stride())]
         )
@@ -310,6 +308,7 @@ def _scope_names(scope: GuardScope, fn: types.FunctionType) -> dict[str, Any]:
     names = dict(scope.names)
     names.update(___G=fn.__globals__, ___closure=fn.__closure__, ___torch=torch, ___id=id)
     names["___autocast"] = torch_compat.is_any_autocast_enabled
+    names["___autocast_state"] = torch_compat.autocast_state
     names["___hooks"] = torch.nn.modules.module
     names["___readable"] = scope.readable
     return names
@@ -355,8 +354,13 @@ def build_guard_function(guards: GuardSet, fn: types.FunctionType) -> GuardFunct
     add(_no_aliasing(guards, scope))
     # Factory calls without a dtype (torch.zeros(n)) were traced under this default.
     add([f"___torch.get_default_dtype() is {scope.const(torch.get_default_dtype())}"])
-    # Entering or leaving autocast changes result dtypes: the entry is only valid as traced.
-    add([f"___autocast() is {torch_compat.is_any_autocast_enabled()}"])
+    # The caller's autocast decided the casts recorded in the graph: the entry is only valid
+    # under the same autocast state (cheaply checked as "off" when it was off).
+    autocast = torch_compat.callers_autocast()
+    if autocast:
+        add([f"___autocast_state() == {scope.const(autocast)}"])
+    else:
+        add(["___autocast() is False"])
     names = _scope_names(scope, fn)
     signature = parameter_list(fn.__code__)
     check = _compile(signature, _check_body(statements), names, fn)

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from ember import logs
+from ember.capture.autocast import leave_autocast
 from ember.capture.sources import AttrSource, Source, global_source
 from ember.capture.values.base import ConstantValue, Value, next_serial
 from ember.errors import BreakReason, Unsupported
@@ -41,6 +42,9 @@ class SideEffects:
         self._cells: dict[int, tuple[Any, Value]] = {}
         self._iterators: dict[int, Any] = {}
         """List and tuple iterators from outside that the trace pulled."""
+        self._exits: list[Value] = []
+        """torch.autocast objects from outside whose block the trace left (their real
+        `__exit__` runs after the graph: capture/autocast.py)."""
         self.version = 0
         self.advances = 0
         """Counts every recorded mutation, also of objects made during capture, so a graph
@@ -132,13 +136,23 @@ class SideEffects:
         self.version += 1
         self._iterators[id(iterator)] = iterator
 
+    def exit_autocast(self, manager: Value) -> None:
+        self.version += 1
+        self.advances += 1
+        self._exits.append(manager)
+
     def load_cell(self, cell: Any) -> Value | None:
         entry = self._cells.get(id(cell))
         return entry[1] if entry else None
 
     def __bool__(self) -> bool:
         return bool(
-            self._attrs or self._containers or self._globals or self._cells or self._iterators
+            self._attrs
+            or self._containers
+            or self._globals
+            or self._cells
+            or self._iterators
+            or self._exits
         )
 
     def pending_values(self) -> list[Value]:
@@ -207,6 +221,13 @@ class SideEffects:
         for iterator in self._iterators.values():
             logs.log("side_effects", "replay the position of %s", iterator.source.name())
             iterator.replay_position(em)
+        for manager in self._exits:
+            logs.log("side_effects", "leave the autocast block of %s", manager.source.name())
+            with cg.callee():
+                cg.load_const(leave_autocast)
+            em.reconstruct(manager)
+            cg.call(1)
+            cg.pop_top()
 
     @staticmethod
     def _store_attr(cg: Any, obj: Value, name: str) -> None:

@@ -18,6 +18,7 @@ import torch
 
 from ember import config, torch_compat
 from ember.bytecode import Inst, decode, handler_at
+from ember.capture.autocast import AutocastMode, callers_modes
 from ember.capture.guards import GuardKind, GuardSet
 from ember.capture.output_graph import OutputGraph
 from ember.capture.resume import cell_params
@@ -67,6 +68,7 @@ class Checkpoint:
     node_count: int
     effects_version: int
     grad_enabled: bool
+    autocast: tuple[AutocastMode, ...]
 
 
 class RestartCapture(Exception):
@@ -118,6 +120,9 @@ class CaptureContext:
     generator's frame sits under the frame that pulls it)."""
     broken: tuple[Unsupported, tuple[Translator, ...]] | None = None
     """The last break and the frames that were running when its instruction failed."""
+    autocast: tuple[AutocastMode, ...] = dataclasses.field(default_factory=callers_modes)
+    """The autocast modes in force: the caller's, then the traced `with torch.autocast`
+    blocks entered (capture/autocast.py)."""
 
     def __post_init__(self) -> None:
         self.builder = ValueBuilder(self)
@@ -421,16 +426,18 @@ class Translator:
 
     def _end_before_lost_blocks(self, reason: Unsupported) -> None:
         """A break inside a `with` block whose context manager break code cannot rebuild (the
-        generator of a @contextmanager): capture again and break at the instruction that
-        made the manager instead. CPython makes it, and the resume function enters it (at a
-        break at BEFORE_WITH, if its `__enter__` steps that generator)."""
+        generator of a @contextmanager, a torch.autocast made from values break code cannot
+        make): capture again and break at the instruction that made the manager instead.
+        CPython makes it, and the resume function enters it (at a break at BEFORE_WITH, if
+        its `__enter__` steps that generator)."""
         from ember.capture.codegen import can_rebuild
-        from ember.capture.handlers.control import ExitValue
+        from ember.capture.handlers.control import AutocastExit, ExitValue
 
         for value in self.stack:
             if (
                 isinstance(value, ExitValue)
-                and value.user_exit is not None  # grad-mode blocks always resume
+                # grad-mode blocks always resume
+                and (value.user_exit is not None or isinstance(value, AutocastExit))
                 and not can_rebuild(self.code, value)
             ):
                 made = value.manager.serial
@@ -455,6 +462,7 @@ class Translator:
             len(nodes),
             self.ctx.effects.version,
             torch.is_grad_enabled(),
+            self.ctx.autocast,
         )
 
     def _restore(self, cp: Checkpoint) -> bool:
@@ -468,6 +476,7 @@ class Translator:
                 continue
             graph.erase_node(node)
         torch_compat.set_grad_enabled(cp.grad_enabled)
+        self.ctx.autocast = cp.autocast
         self.stack, self.locals, self._lazy_args = cp.stack, cp.locals, cp.lazy_args
         self.kw_names = cp.kw_names
         return True

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import types
+from typing import Any
 
 import torch
 
 from ember.bytecode import Op, stack_effect
+from ember.capture.autocast import AutocastMode
 from ember.capture.handlers import handler
-from ember.capture.values.base import Value
+from ember.capture.values.base import ConstantValue, Value
 from ember.capture.values.containers import IteratorValue, iterator_over
 from ember.capture.values.objects import GradModeValue, UserObjectValue
 from ember.errors import BreakReason, Unsupported
@@ -122,16 +124,94 @@ class ExitValue(Value):
 
 def enters_in_python(manager: Value) -> bool:
     """A context manager written in Python (contextlib.nullcontext, @contextmanager, a
-    user's class), whose `__enter__` and `__exit__` ember inlines. Not autocast: its dtype
-    changes are not applied while tracing on meta tensors (the trace would see float32 where
-    the run produces bfloat16), so neither its inside nor its methods are captured."""
+    user's class), whose `__enter__` and `__exit__` ember inlines. Not autocast, whose
+    methods set process state that the capture keeps instead (AutocastExit)."""
     return (
         isinstance(manager, UserObjectValue)
-        and not issubclass(manager.cls, torch.amp.autocast_mode.autocast)
+        and not is_autocast(manager)
         and all(
             isinstance(getattr(manager.cls, name, None), types.FunctionType)
             for name in ("__enter__", "__exit__")
         )
+    )
+
+
+def is_autocast(manager: Value) -> bool:
+    return isinstance(manager, UserObjectValue) and issubclass(
+        manager.cls, torch.amp.autocast_mode.autocast
+    )
+
+
+class AutocastExit(ExitValue):
+    """The `__exit__` of a traced `with torch.autocast(...)` block: leaving the block drops
+    its mode from the capture's autocast modes (the ops inside had their casts recorded).
+    At a break inside the block, break code enters the (rebuilt) manager for real, after the
+    graph, so the rest of the block runs under autocast in CPython and in the resume
+    function, which ends the block with the real `__exit__`."""
+
+    def __init__(self, manager: Value) -> None:
+        super().__init__(manager)
+
+    def call(self, tx, args, kwargs) -> Value:
+        tx.ctx.autocast = tx.ctx.autocast[:-1]
+        return ConstantValue(False)  # exceptions raised inside propagate, as autocast's do
+
+    def reconstruct(self, em) -> None:
+        with em.cg.callee():
+            em.cg.load_const(_enter_again)
+        em.reconstruct(self.manager)
+        em.cg.call(1)
+
+
+def _enter_again(manager: torch.amp.autocast_mode.autocast) -> Any:
+    """Break code inside a traced autocast block: enter it, and leave its `__exit__`."""
+    manager.__enter__()
+    return manager.__exit__
+
+
+def leave_entered_block(tx, manager: Value) -> Value:
+    """The real `__exit__` of a torch.autocast block that CPython entered (break code, then
+    a resume function that the block ends in): from here the trace casts as autocast's
+    state was before the block (the object's `prev*` attributes, which its `__enter__`
+    set), and the real `__exit__` runs after the graph."""
+    fields = _constant_attributes(
+        tx, manager, ("device", "prev_fastdtype", "prev", "prev_cache_enabled")
+    )
+    tx.ctx.autocast = (
+        *tx.ctx.autocast,
+        AutocastMode(
+            fields["device"],
+            fields["prev_fastdtype"],
+            bool(fields["prev"]),
+            bool(fields["prev_cache_enabled"]),
+        ),
+    )
+    tx.ctx.effects.exit_autocast(manager)
+    return ConstantValue(False)
+
+
+def _constant_attributes(tx, manager: Value, names: tuple[str, ...]) -> dict[str, Any]:
+    fields = {}
+    for name in names:
+        value = manager.getattr(tx, name)
+        if not value.is_constant():
+            raise Unsupported(
+                BreakReason.UNSUPPORTED_CALL, f"torch.autocast with a non-constant {name}"
+            )
+        fields[name] = value.as_constant()
+    return fields
+
+
+def _autocast_mode(tx, manager: Value) -> AutocastMode:
+    """The mode a torch.autocast object enters, from the attributes its __init__ set."""
+    fields = _constant_attributes(
+        tx, manager, ("device", "fast_dtype", "_enabled", "_cache_enabled")
+    )
+    return AutocastMode(
+        fields["device"],
+        fields["fast_dtype"],
+        bool(fields["_enabled"]),
+        bool(fields["_cache_enabled"]),
     )
 
 
@@ -142,15 +222,11 @@ def before_with(tx, inst):
         tx.push(ExitValue(manager))
         tx.push(manager.enter(tx))
         return
-    if isinstance(manager, UserObjectValue) and issubclass(
-        manager.cls, torch.amp.autocast_mode.autocast
-    ):
-        raise Unsupported(
-            BreakReason.UNSUPPORTED_CALL,
-            "`with torch.autocast(...)` is not captured",
-            hint="compile the code inside the autocast region, or call the compiled "
-            "function from inside it",
-        )
+    if is_autocast(manager):
+        tx.ctx.autocast = (*tx.ctx.autocast, _autocast_mode(tx, manager))
+        tx.push(AutocastExit(manager))
+        tx.push(manager)  # autocast's __enter__ returns the object itself
+        return
     if enters_in_python(manager):
         # A context manager written in Python (contextlib.nullcontext, a user's timer-free
         # scope): both methods are inlined, so their effects land in the graph or ledger.

@@ -56,12 +56,23 @@ and the functions run in plain Python at the break (logging's handlers do I/O, a
 loggers cache levels through exceptions)."""
 
 
+AUTOCAST_MODULES = frozenset(
+    ["torch.amp.autocast_mode", "torch.cpu.amp.autocast_mode", "torch.cuda.amp.autocast_mode"]
+)
+"""Where torch.autocast and its per-device subclasses are defined: their `__enter__` and
+`__exit__` called as methods (a `with` block resumed after a break holds the bound
+`__exit__`) set autocast's process state, which CPython must do."""
+
+
 def runs_in_python(fn: Any) -> str | None:
     """Why calls of `fn` break and run in plain Python, or None when ember captures them."""
     if is_disabled(fn):
         return "is marked disable: it runs in Python"
-    if getattr(fn, "__module__", None) in PYTHON_ONLY_MODULES:
-        return f"of {fn.__module__} runs in Python"
+    module = getattr(fn, "__module__", None)
+    if module in PYTHON_ONLY_MODULES:
+        return f"of {module} runs in Python"
+    if module in AUTOCAST_MODULES and fn.__name__ in ("__enter__", "__exit__"):
+        return "sets autocast's state: it runs in Python"
     return None
 
 

@@ -67,6 +67,10 @@ class UserFunctionValue(Value):
         from ember.capture.values.compiler import is_constant_result, runs_in_python
 
         fn = self.fn
+        if fn is torch.amp.autocast_mode.autocast.__exit__ and _entered_outside(args):
+            from ember.capture.handlers.control import leave_entered_block
+
+            return leave_entered_block(tx, args[0])
         why = runs_in_python(fn)
         if why is not None:
             raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"{self.describe()} {why}")
@@ -529,6 +533,19 @@ class BuiltinValue(_FunctionObjectValue):
         )
 
 
+def _entered_outside(args: list[Value]) -> bool:
+    """`autocast.__exit__`'s arguments: a real torch.autocast object (not one the trace made,
+    whose block the trace entered), with no exception (None, None, None)."""
+    from ember.capture.values.objects import UserObjectValue
+
+    return (
+        len(args) == 4
+        and isinstance(args[0], UserObjectValue)
+        and not args[0].is_new
+        and all(a.is_constant() and a.as_constant() is None for a in args[1:])
+    )
+
+
 # torch functions that change global state or leave the graph: refused, never traced.
 _REFUSED_TORCH = {
     torch.manual_seed: "torch.manual_seed changes global random state",
@@ -537,6 +554,18 @@ _REFUSED_TORCH = {
     torch.set_printoptions: "torch.set_printoptions changes global state",
     torch.save: "torch.save writes files",
     torch.load: "torch.load reads files",
+    **{
+        setter: f"torch.{setter.__name__} changes autocast's state (enter a torch.autocast "
+        "block instead)"
+        for setter in (
+            torch.set_autocast_enabled,
+            torch.set_autocast_dtype,
+            torch.set_autocast_cache_enabled,
+            torch.autocast_increment_nesting,
+            torch.autocast_decrement_nesting,
+            torch.clear_autocast_cache,
+        )
+    },
 }
 
 

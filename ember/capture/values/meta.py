@@ -74,11 +74,13 @@ def _symbolic(tree: Any) -> bool:
 def _run(kind: str, target: Any, args: list, kwargs: dict, symbolic: bool) -> Any:
     if symbolic:  # C++ meta kernels want concrete sizes; their Python decompositions take SymInts
         with python_dispatcher():
-            return without_dynamo(_call, kind, target, args, kwargs)
-    return without_dynamo(_call, kind, target, args, kwargs)
+            return without_dynamo(call_target, kind, target, args, kwargs)
+    return without_dynamo(call_target, kind, target, args, kwargs)
 
 
-def _call(kind: str, target: Any, args: list, kwargs: dict) -> Any:
+def call_target(kind: str, target: Any, args: list, kwargs: dict) -> Any:
+    """Call `target` (a function, or a method name for call_method) with device arguments
+    redirected to meta."""
     args = tree_map(_redirect, list(args))
     kwargs = {
         k: _META if k == "device" and v is not None else _redirect(v) for k, v in kwargs.items()

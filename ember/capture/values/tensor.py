@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ember import torch_compat
+from ember.capture import autocast
 from ember.capture.shapes import SYM_TYPES
 from ember.capture.values.base import ConstantValue, MissingAttribute, Value
 from ember.capture.values.meta import is_data_dependent_error, result_device, run_on_meta
@@ -244,18 +244,18 @@ def _op_name(target: Any) -> str:
 def tensor_op(
     tx: Translator, kind: str, target: Any, args: list[Value], kwargs: dict[str, Value]
 ) -> Value:
-    """Record a torch call as a graph node and return the symbolic result."""
-    if torch_compat.is_any_autocast_enabled():
-        # meta tensors do not follow autocast's dtype policy: the trace would be wrong
-        raise Unsupported(
-            BreakReason.UNSUPPORTED_CALL,
-            f"{_op_name(target)} under torch.autocast is not captured",
-            hint="call the compiled function outside the autocast region",
-        )
+    """Record a torch call as a graph node and return the symbolic result. Under autocast,
+    the casts autocast makes on the inputs are recorded first (capture/autocast.py)."""
+    inputs = _tensor_values([*args, *kwargs.values()])
+    if autocast.active(tx.ctx.autocast) and any(t.example.is_floating_point() for t in inputs):
+        cast = _autocast_inputs(tx, kind, target, args, kwargs, inputs)
+        if cast:
+            args = [_substituted(a, cast) for a in args]
+            kwargs = {k: _substituted(v, cast) for k, v in kwargs.items()}
+            inputs = _tensor_values([*args, *kwargs.values()])
     ex_args = [example_arg(a) for a in args]
     ex_kwargs = {k: example_arg(v) for k, v in kwargs.items()}
-    name = target if isinstance(target, str) else getattr(target, "__name__", repr(target))
-    inputs = _tensor_values([*args, *kwargs.values()])
+    name = _op_name(target)
     versions = [t.example._version for t in inputs]
     try:
         result = run_on_meta(kind, target, ex_args, ex_kwargs)
@@ -281,6 +281,53 @@ def tensor_op(
         tx.ctx.effects.touch()  # wrote to a tensor: a side effect, as a list append is
     device = result_device(kind, target, ex_args, ex_kwargs, [t.device for t in inputs])
     return wrap_result(tx, node, result, device, inputs)
+
+
+def _autocast_inputs(
+    tx: Translator,
+    kind: str,
+    target: Any,
+    args: list[Value],
+    kwargs: dict[str, Value],
+    inputs: list[TensorValue],
+) -> dict[int, TensorValue]:
+    """The inputs autocast casts before this op, each as its recorded `.to(dtype)` (keyed
+    by the id of the input's value)."""
+    devices = {id(t.example): t.device for t in inputs}
+    by_example = {id(t.example): t for t in inputs}
+    try:
+        dtypes = autocast.input_casts(
+            tx.ctx.autocast,
+            kind,
+            target,
+            [example_arg(a) for a in args],
+            {k: example_arg(v) for k, v in kwargs.items()},
+            devices,
+        )
+    except Exception as exc:
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_CALL,
+            f"{_op_name(target)} under torch.autocast: its casts could not be made explicit "
+            f"({type(exc).__name__}: {exc})",
+            hint="call this op outside the autocast region",
+        ) from exc
+    return {
+        id(by_example[key]): tensor_op(
+            tx, "call_method", "to", [by_example[key], ConstantValue(dtype)], {}
+        )
+        for key, dtype in dtypes.items()
+    }
+
+
+def _substituted(value: Value, replacements: dict[int, Value]) -> Value:
+    """`value` with the tensors in `replacements` (by id) replaced, inside lists too."""
+    from ember.capture.values.containers import SequenceValue
+
+    if id(value) in replacements:
+        return replacements[id(value)]
+    if isinstance(value, SequenceValue) and any(id(v) in replacements for v in value.items):
+        return type(value)([_substituted(v, replacements) for v in value.items])
+    return value
 
 
 def _tensor_values(values: list[Value]) -> list[TensorValue]:
