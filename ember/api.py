@@ -8,6 +8,7 @@ anew on a miss. Modules get a wrapper module whose forward goes through the same
 from __future__ import annotations
 
 import functools
+import inspect
 import types
 import warnings
 from collections.abc import Callable
@@ -125,7 +126,7 @@ def _run_cached(
             capture_stats.record_eager_frame()
             return fn(*args, **kwargs)
     try:
-        wrap = None if opts.fullgraph else functools.partial(compile_function, opts=opts)
+        wrap = None if opts.fullgraph else functools.partial(_compile_callee, opts=opts)
         policy = DynamicPolicy(
             opts.dynamic is True, dict(cache.dynamic), counters=opts.dynamic is not False
         )
@@ -162,6 +163,20 @@ def _automatic_dynamic(
         cache.dynamic[change.source] = dims | {change.dim}
         said.append(f"{change.describe()}: {verdict}")
     return "; " + ", ".join(said)
+
+
+_NOT_CAPTURED = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+
+def _compile_callee(fn: Callable[..., Any], opts: CompileOptions) -> Callable[..., Any]:
+    """What break code calls for a user function it runs: the function compiled, but for a
+    generator (or coroutine) function, which makes its generator without running a line: the
+    generator then runs in CPython (a break ends the graph where one is made, see
+    capture/frame.py `_BreakAtCreation`), as Dynamo runs generator frames."""
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    if code is not None and code.co_flags & _NOT_CAPTURED:
+        return fn
+    return compile_function(fn, opts)
 
 
 def compile_function(fn: Callable[..., Any], opts: CompileOptions) -> Callable[..., Any]:

@@ -499,7 +499,7 @@ class Translator:
         child = Translator(self.ctx, code, f_globals, f_locals, cells, parent=self)
         if not code.co_flags & inspect.CO_GENERATOR:
             return child.run()
-        return GeneratorIterator(child)
+        return GeneratorIterator(child, self.ctx.frames[-1].before if self.ctx.frames else None)
 
 
 def bind_arguments(

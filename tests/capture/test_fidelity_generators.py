@@ -124,3 +124,69 @@ def test_the_runtime_error_leaves_the_compiled_function():
             run(torch.ones(3))
         assert type(info.value.__cause__) is StopIteration
         assert OUT == ["before"]
+
+
+# A generator alive at a graph break (issue 12). Its frame can be neither computed ahead (its
+# body prints) nor made again mid-way, so the graph ends where the generator is made: CPython
+# makes it, runs it at each pull, and the rest of the frame is still captured. Before, the
+# whole frame ran eagerly ("a generator ... alive at the graph break cannot be computed
+# ahead"). Dynamo skips these frames (0 graphs, one frame run eagerly).
+
+
+def _printing(x):
+    for i in range(3):
+        print("gen", i)
+        yield x + i
+
+
+def pulled_across_a_break(x):
+    y = x * 2
+    g = _printing(y)
+    a = next(g)
+    print("between")
+    b = next(g)
+    return a + b + y.sin()
+
+
+def looped_over(x):
+    y = x.cos()
+    total = y * 0
+    for t in _printing(y):
+        total = total + t * 2
+    return total.relu()
+
+
+def genexpr_with_prints(x):
+    y = x + 1
+    gen = (print("item", i) or y * i for i in range(3))
+    first = next(gen)
+    return first + sum(gen) + y.exp()
+
+
+def _make(x):
+    return _printing(x - 1)
+
+
+def made_in_a_helper(x):
+    y = x * 3
+    g = _make(y)
+    out = [t.sin() for t in g]
+    return out[0] + out[2] + y
+
+
+def summed(x):
+    y = x.tanh()
+    return sum(_printing(y)) * y
+
+
+@pytest.mark.parametrize(
+    "fn", [pulled_across_a_break, looped_over, genexpr_with_prints, made_in_a_helper, summed]
+)
+def test_a_generator_alive_at_a_break_ends_the_graph_where_it_is_made(fn):
+    counts = check(fn, tensors((3,)))
+    assert counts.graphs >= 2  # the work before the generator and after it both captured
+    reasons = ember.stats()["break_reasons"]
+    made = [r for r in reasons if "is made here" in r]
+    assert made, reasons
+    assert "generator _printing" in made[0] or "genexpr" in made[0], made[0]
+    assert "test_fidelity_generators.py:" in made[0]

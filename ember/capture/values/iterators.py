@@ -10,7 +10,8 @@ the callback (inlined, as any call) at the moment the consumer pulls. What was p
 
 At a graph break an iterator that is still alive is run to its end first (`settle`), when
 doing so has no side effect a user could see (only tensor work and pure Python); otherwise
-the frame cannot be resumed and runs eagerly.
+break code makes it again lazily (frame.py), or, for a generator, whose frame cannot be made
+again mid-way, the capture ends the graph where the generator is made.
 """
 
 from __future__ import annotations
@@ -281,9 +282,12 @@ class GeneratorIterator(LazyIterator):
 
     kind = types.GeneratorType
 
-    def __init__(self, frame: Translator) -> None:
+    def __init__(self, frame: Translator, made_at: int | None = None) -> None:
         super().__init__()
         self.frame = frame
+        self.made_at = made_at
+        """The step (ctx.steps) of the instruction that made it: where the graph ends when
+        it cannot be computed ahead at a break (frame.py `_BreakAtCreation`)."""
         frame.yielded = []  # marks the frame as a generator for RETURN_GENERATOR / YIELD_VALUE
 
     def describe(self) -> str:
@@ -551,7 +555,9 @@ class SettleFailed(Unsupported):
     """Settling the `index`-th lazy iterator among the values failed; `lazily` says whether
     break code could have made it again lazily instead (checked before settling it)."""
 
-    def __init__(self, cause: Unsupported, index: int, lazily: bool) -> None:
+    def __init__(
+        self, cause: Unsupported, index: int, lazily: bool, value: Value, inner: str
+    ) -> None:
         super().__init__(
             cause.reason,
             cause.detail,
@@ -561,6 +567,9 @@ class SettleFailed(Unsupported):
         )
         self.index = index
         self.lazily = lazily
+        self.value = value
+        self.inner = inner
+        """Why settling it failed, in the pull's own words."""
 
 
 def settle_iterators(tx: Translator, values: list[Value], lazy: frozenset[int]) -> None:
@@ -575,9 +584,10 @@ def settle_iterators(tx: Translator, values: list[Value], lazy: frozenset[int]) 
         try:
             value.settle(tx)
         except Unsupported as exc:
+            inner = exc.detail
             if "alive at the graph break" not in exc.detail:  # a pull that itself broke
                 exc.detail = (
                     f"a {value.describe()} alive at the graph break cannot be computed "
                     f"ahead, nor made again ({exc.detail})"
                 )
-            raise SettleFailed(exc, index, lazily) from exc
+            raise SettleFailed(exc, index, lazily, value, inner) from exc
