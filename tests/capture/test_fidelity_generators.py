@@ -190,3 +190,106 @@ def test_a_generator_alive_at_a_break_ends_the_graph_where_it_is_made(fn):
     assert made, reasons
     assert "generator _printing" in made[0] or "genexpr" in made[0], made[0]
     assert "test_fidelity_generators.py:" in made[0]
+
+
+# map/filter objects made again by break code (issue 12): their callbacks are user functions
+# that CPython calls after the break, so break code passes them through ember's wrapper: the
+# callback's tensor work is captured (its own graphs, a break where it prints), and it still
+# runs lazily, interleaved with the consumer as in eager. Before, the rebuilt map called the
+# plain function and its work ran uncaptured.
+
+CALLS: list = []
+
+
+def _state_calls():
+    return list(CALLS)
+
+
+def _reset_calls():
+    CALLS.clear()
+
+
+def _cb(t):
+    u = t.sin() * 2
+    CALLS.append("cb")
+    print("cb")
+    return u.cos() + 1
+
+
+def map_half_pulled(x):
+    m = map(_cb, [x, x + 1, x + 2])
+    first = next(m)
+    print("break")
+    CALLS.append("break")
+    rest = [t * 3 for t in m]
+    return first, rest
+
+
+def _keep(t):
+    CALLS.append("keep?")
+    print("keep?")
+    return t.sum() > -1000
+
+
+def filter_half_pulled(x):
+    flt = filter(_keep, [x.cos(), x.sin(), x.exp()])
+    a = next(flt)
+    print("break")
+    CALLS.append("break")
+    out = a
+    for t in flt:
+        CALLS.append("body")
+        out = out + t
+    return out
+
+
+def map_as_loop_iterator_with_a_local_callback(x):
+    k = x.sum()
+
+    def scale(t):
+        print("scale")
+        CALLS.append("scale")
+        return t * k + 1
+
+    out = []
+    for y in map(scale, [x, x * 2]):
+        CALLS.append("body")
+        print("item")
+        out.append(y.relu())
+    return out
+
+
+def _op_counts(fn, make):
+    """ember's ops in graphs for one call of `fn`, and whether the callbacks' code objects got
+    graphs of their own (they are captured when CPython calls them)."""
+    from ember.capture import frame
+
+    names: list = []
+
+    def listen(entry):
+        if entry.graph is not None:
+            names.append(entry.code.co_name)
+
+    ember.reset()
+    frame._listeners.append(listen)
+    try:
+        ember.compile(fn, backend="eager")(*make())
+    finally:
+        frame._listeners.remove(listen)
+    return names
+
+
+@pytest.mark.parametrize(
+    "fn, callback",
+    [
+        (map_half_pulled, "_cb"),
+        (filter_half_pulled, "_keep"),
+        (map_as_loop_iterator_with_a_local_callback, "scale"),
+    ],
+)
+def test_callbacks_of_rebuilt_map_and_filter_are_captured(fn, callback, capsys):
+    counts = check(fn, tensors((3,)), state=_state_calls, reset=_reset_calls)
+    assert counts.eager_frames == 0
+    names = _op_counts(fn, tensors((3,)))
+    # the callback, called by CPython, has graphs of its own (before or after its print)
+    assert any(n == callback or n.startswith(f"__resume_{callback}_at") for n in names), names

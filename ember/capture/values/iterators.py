@@ -39,6 +39,8 @@ class LazyIterator(IteratorValue):
     """An iterator that makes each item on demand (`pull`); `kind` is its Python type."""
 
     kind: type = object
+    callbacks: frozenset[int] = frozenset()
+    """The positions among `lazy_parts`' arguments of the functions it calls on items."""
 
     def __init__(self) -> None:
         super().__init__([])
@@ -130,8 +132,11 @@ class LazyIterator(IteratorValue):
             return Value.reconstruct(self, em)
         maker, args, kwargs = self.lazy_parts()
         em.cg.load_const(maker, push_null=True)
-        for part in [*args, *kwargs.values()]:
-            em.reconstruct(part)
+        for i, part in enumerate([*args, *kwargs.values()]):
+            if i in self.callbacks:  # called by CPython after the break: through ember
+                em.reconstruct_callback(part)
+            else:
+                em.reconstruct(part)
         em.cg.call(len(args) + len(kwargs), tuple(kwargs))
 
 
@@ -145,6 +150,7 @@ def _rebuildable_part(value: Value) -> bool:
 
 class MapIterator(LazyIterator):
     kind = map
+    callbacks = frozenset({0})
 
     def __init__(self, fn: Value, sources: list[IteratorValue]) -> None:
         super().__init__()
@@ -174,6 +180,7 @@ class StarmapIterator(MapIterator):
 
 class FilterIterator(LazyIterator):
     kind = filter
+    callbacks = frozenset({0})
 
     def __init__(self, fn: Value | None, source: IteratorValue, keep_if: bool = True) -> None:
         super().__init__()
