@@ -293,3 +293,77 @@ def test_callbacks_of_rebuilt_map_and_filter_are_captured(fn, callback, capsys):
     names = _op_counts(fn, tensors((3,)))
     # the callback, called by CPython, has graphs of its own (before or after its print)
     assert any(n == callback or n.startswith(f"__resume_{callback}_at") for n in names), names
+
+
+# enumerate objects from outside (issue 12): an enumerate passed to a compiled function (or
+# made again lazily by break code and handed to a resume function) is traced over its
+# `__reduce__` parts, and the caller's object is moved as far as the trace pulled it. Before,
+# iterating over one made the whole frame run eagerly ("iterating over builtins.enumerate
+# object"). Inlined functions taking `enumerate(...)` made in the trace were already traced.
+
+
+def _loud(t):
+    print("loud")
+    return t * 2
+
+
+def enumerate_of_a_rebuilt_map(x):
+    e = enumerate(map(_loud, [x, x + 1, x + 2]))
+    i, a = next(e)
+    print("break")
+    out = a
+    for j, t in e:
+        out = out + t * j
+    return out
+
+
+def _consume(pairs, x):
+    out = x
+    for i, t in pairs:
+        out = out + t * i
+    return out
+
+
+def enumerate_into_an_inlined_function(x):
+    return _consume(enumerate([x, x * 2, x.sin()], start=1), x) + _consume(
+        enumerate(map(torch.cos, (x, x * 3))), x
+    )
+
+
+def enumerate_argument(x, e):
+    return _consume(e, x)
+
+
+def enumerate_argument_half_pulled(x, e):
+    i, t = next(e)
+    return x * i + t
+
+
+def _enumerated(start):
+    def make():
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(3, generator=gen)
+        return x, enumerate([x * 2, x + 1, x - 1], start)
+
+    return make
+
+
+def test_enumerate_of_a_rebuilt_map_reaches_the_resume_function():
+    counts = check(enumerate_of_a_rebuilt_map, tensors((3,)))
+    assert counts.eager_frames == 0
+
+
+def test_enumerate_passed_into_an_inlined_function():
+    counts = check(enumerate_into_an_inlined_function, tensors((3,)))
+    assert (counts.graphs, counts.breaks) == (1, 0)
+
+
+@pytest.mark.parametrize("fn", [enumerate_argument, enumerate_argument_half_pulled])
+def test_enumerate_argument_is_traced_and_moved(fn):
+    counts = check(fn, _enumerated(3), compare_args=False)
+    assert (counts.graphs, counts.breaks, counts.eager_frames) == (1, 0, 0)
+    compiled = ember.compile(fn, backend="eager")
+    for run in (fn, compiled, compiled):
+        x, e = _enumerated(3)()
+        run(x, e)
+        assert [i for i, _ in e] == ([] if fn is enumerate_argument else [4, 5])

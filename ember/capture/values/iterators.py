@@ -283,6 +283,50 @@ class EnumerateIterator(LazyIterator):
         return enumerate, [self.inner, ConstantValue(self.count)], {}
 
 
+class OutsideEnumerate(EnumerateIterator):
+    """An enumerate object from outside (an argument; one break code made again lazily
+    and handed to a resume function), pulled in the trace over its `__reduce__` parts: the
+    iterator it wraps (a list or tuple iterator, or a map/filter/zip over them) and its
+    count. Its count cannot be set, so the ledger pulls the real object as many times as
+    the trace did (`advance_enumerate`, before the wrapped iterator's own position is put
+    back: pulling those has no side effect). It stays the caller's object at a break."""
+
+    def __init__(self, source_iterator: IteratorValue, start: int, source: Any) -> None:
+        super().__init__(source_iterator, start)
+        self.source = source
+        self.pulls = 0
+
+    def describe(self) -> str:
+        return "enumerate from outside"
+
+    def pull(self, tx: Translator) -> Value | None:
+        tx.ctx.effects.moved(self)  # first: its replay runs before the wrapped iterator's
+        self.pulls += 1
+        return super().pull(tx)
+
+    def settle(self, tx: Translator) -> None:
+        """Nothing to compute ahead: break code hands on the caller's object, moved."""
+
+    def lazily_rebuildable(self) -> bool:
+        return False
+
+    def reconstruct(self, em: Emitter) -> None:
+        self.source.emit(em.cg)
+
+    def replay_position(self, em: Emitter) -> None:
+        em.cg.load_const(advance_enumerate, push_null=True)
+        self.source.emit(em.cg)
+        em.cg.load_const(self.pulls)
+        em.cg.call(2)
+        em.cg.pop_top()
+
+
+def advance_enumerate(it: Any, pulls: int) -> None:
+    """Pull a real enumerate object `pulls` times (the trace pulled its model so often)."""
+    for _ in range(pulls):
+        next(it, None)
+
+
 class GeneratorIterator(LazyIterator):
     """A generator object: its frame (a child translator) runs up to the next yield each
     time the consumer pulls, and keeps its state in between."""
