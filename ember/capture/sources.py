@@ -178,6 +178,25 @@ class CellSource(Source):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class FreeCellSource(Source):
+    """A closure cell object of the function being compiled: the guard reads it from the
+    closure the check is bound to, generated code from the running frame's free slot. Its
+    entries serve every closure of the code (a local function made again on each call)."""
+
+    var: str
+    index: int
+
+    def name(self) -> str:
+        return f"L[{self.var!r}] (cell)"
+
+    def expr(self, scope: GuardScope) -> str:
+        return scope.bind(self, f"___closure[{self.index}]")
+
+    def emit(self, cg: CodeBuilder) -> None:
+        cg.load_free_cell(self.var)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class CellParamSource(LocalSource):
     """A cell object that a resume function receives as a parameter (its cell variable of
     that name): the guard reads the parameter, generated code the raw slot, not the

@@ -9,11 +9,15 @@ Dynamo's capture (fidelity_harness); programs that raise, on the exception and i
 
 from __future__ import annotations
 
+import contextlib
+import io
+
 import pytest
 import torch
 from fidelity_harness import check, tensors
 
 import ember
+from ember.testing import CompileCounter
 
 OUT: list = []
 
@@ -367,3 +371,94 @@ def test_enumerate_argument_is_traced_and_moved(fn):
         x, e = _enumerated(3)()
         run(x, e)
         assert [i for i, _ in e] == ([] if fn is enumerate_argument else [4, 5])
+
+
+# Closures made on every call (issue 12): a local function defined in the compiled function,
+# or one a factory returns, is a new function object with new cells each call. When break
+# code calls it (it runs in CPython: called by `map`, inside a try or `with` block), ember
+# compiles it, and its code now has one cache for all its closures, as Dynamo's cache is per
+# code object: guards and code read the cells of the closure they run for. Before, each
+# closure had a cache of its own and the graphs grew by two per call ([3, 5, 7, 9, 11]).
+
+
+def _make_scale(k):
+    def scale(t):
+        u = t * k
+        print("scale")
+        return u + 1
+
+    return scale
+
+
+def closure_called_by_map(x):
+    def inner(t):
+        u = t.sin()
+        print("inner")
+        return u + x
+
+    return list(map(inner, [x, x * 2]))
+
+
+def factory_closure_in_a_try(x):
+    f = _make_scale(x.sum())
+    try:
+        return f(x.cos()) + 1
+    except KeyError:
+        return x
+
+
+def closure_in_a_with_block(x):
+    def inner(t):
+        u = t.sin()
+        print("inner")
+        return u + x
+
+    with torch.no_grad():
+        return inner(x) * 2
+
+
+def _graphs_per_call(compile_fn, fn, calls=5):
+    counter = CompileCounter()
+    compiled = compile_fn(fn, counter)
+    seen = []
+    with contextlib.redirect_stdout(io.StringIO()):
+        for i in range(calls):
+            compiled(torch.full((3,), float(i + 1)))
+            seen.append(counter.frame_count)
+    return seen
+
+
+@pytest.mark.parametrize(
+    "fn", [closure_called_by_map, factory_closure_in_a_try, closure_in_a_with_block]
+)
+def test_closures_made_per_call_share_one_cache(fn):
+    check(fn, tensors((3,)))
+    ember.reset()
+    ours = _graphs_per_call(lambda f, c: ember.compile(f, backend=c), fn)
+    assert len(set(ours)) == 1, ours  # no new graphs after the first call
+    assert ember.stats()["eager_frames"] == 0
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    theirs = _graphs_per_call(lambda f, c: torch.compile(f, backend=c), fn)
+    torch._dynamo.reset()
+    # the first call is compared with Dynamo's by `check`; here, no more growth than Dynamo's
+    assert ours[-1] - ours[0] <= theirs[-1] - theirs[0], (ours, theirs)
+
+
+def test_closures_sharing_a_cache_read_their_own_cells():
+    """Each call's closure reads its own `k` (the entries are bound to the closure they run
+    for): a cache shared by code must not hand one closure's cells to another."""
+
+    def outer(x, k):
+        def inner(t):
+            print("k", k)
+            return t * k
+
+        return list(map(inner, [x]))[0] + k
+
+    compiled = ember.compile(outer, backend="eager")
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        for k in (2, 3, 4, 3):
+            torch.testing.assert_close(compiled(torch.ones(2), k), torch.full((2,), 2.0 * k))
+    assert out.getvalue() == "k 2\nk 3\nk 4\nk 3\n"
