@@ -53,7 +53,7 @@ from ember.capture.translator import (
 )
 from ember.capture.values.exceptions import TracedRaise
 from ember.capture.values.functions import RealCell
-from ember.capture.values.iterators import SettleFailed, settle_iterators
+from ember.capture.values.iterators import GeneratorNotRebuilt, SettleFailed, settle_iterators
 from ember.capture.values.objects import CellValue
 from ember.distributed import active_ddp, split_at_buckets
 from ember.errors import BackendCompilerFailed, Unsupported
@@ -211,9 +211,10 @@ def _capture(
     compiled_name = None if harvest.is_empty() else f"__compiled_fn_{next(_counter)}"
     if brk is None:
         changed = mode_at_break if mode_at_break != grad_mode else None
-        code = build_replacement(
-            fn.__code__, compiled_name, harvest, ctx.effects, result, changed, tracer.raised
-        )
+        with _break_where_generators_are_made(tracer, None):
+            code = build_replacement(
+                fn.__code__, compiled_name, harvest, ctx.effects, result, changed, tracer.raised
+            )
         return ctx, tracer, brk, harvest, compiled_name, code
     logs.log("graph_breaks", "graph break in %s: %s", fn.__qualname__, brk.reason)
     *callers, at = parts
@@ -231,11 +232,41 @@ def _capture(
         [part.caller(wrap) for part in callers],
     )
     try:
-        with _in_caller_on_failure(frames):
+        with _break_where_generators_are_made(tracer, host), _in_caller_on_failure(frames):
             code = build_break_replacement(fn.__code__, compiled_name, harvest, ctx.effects, site)
     except Unsupported as exc:  # the break's own reason first: it is what to change
         raise _runs_eagerly(brk.reason, f"and at the break, {exc.detail}") from exc
     return ctx, tracer, brk, harvest, compiled_name, code
+
+
+@contextlib.contextmanager
+def _break_where_generators_are_made(root: Any, host: Any) -> Iterator[None]:
+    """A generator of the trace that the generated code would have to make again (the
+    function returns it, or an object holding it such as a @contextmanager's manager; or it
+    is alive at the break inside such an object): capture again and end the graph where it
+    is made, so that CPython makes it."""
+    try:
+        yield
+    except (GeneratorNotRebuilt, _BreakInCaller) as exc:
+        cause = exc if isinstance(exc, GeneratorNotRebuilt) else exc.__cause__
+        if not isinstance(cause, GeneratorNotRebuilt):
+            raise
+        made_at = _made_at(cause.value, root)
+        if made_at is None:
+            raise
+        where = "" if host is None else f" past the graph break at {host.location()[0]}"
+        raise _BreakAtCreation(
+            (
+                made_at,
+                Unsupported(
+                    cause.reason,
+                    f"{cause.value.describe()} is made here and lives on{where} part-way "
+                    "through (returned, or held by an object such as a @contextmanager's "
+                    "manager), and a running generator cannot be made again: the graph "
+                    "ends where it is made, and CPython runs it",
+                ),
+            )
+        ) from exc
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 import weakref
 from typing import Any
 
@@ -175,6 +176,18 @@ class CellSource(Source):
 
     def emit(self, cg: CodeBuilder) -> None:
         cg.load_deref(self.var)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HandledExceptionSource(Source):
+    """The exception the calling thread is handling (`sys.exc_info()[1]`) when the
+    compiled function is called: None unless it is called from an `except` block."""
+
+    def name(self) -> str:
+        return "sys.exc_info()[1]"
+
+    def expr(self, scope: GuardScope) -> str:
+        return f"{scope.const(sys.exc_info, 'exc_info')}()[1]"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

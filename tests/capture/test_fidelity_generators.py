@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import sys
 
 import pytest
 import torch
@@ -462,3 +463,153 @@ def test_closures_sharing_a_cache_read_their_own_cells():
         for k in (2, 3, 4, 3):
             torch.testing.assert_close(compiled(torch.ones(2), k), torch.full((2,), 2.0 * k))
     assert out.getvalue() == "k 2\nk 3\nk 4\nk 3\n"
+
+
+# contextlib helpers inside traced code (issue 12): @contextmanager managers, nullcontext,
+# suppress and ExitStack are traced (their Python bodies inlined). A @contextmanager's
+# generator that outlives the graph part-way (a break inside its `with` block, or the
+# manager returned by a compiled `helper` called at a break) cannot be made again: the graph
+# ends where the generator is made and CPython runs it; no frame runs eagerly. Before,
+# ExitStack and a break inside a @contextmanager block ran the frame eagerly.
+
+EVENTS: list = []
+
+
+def _events():
+    return list(EVENTS)
+
+
+def _clear_events():
+    EVENTS.clear()
+
+
+@contextlib.contextmanager
+def _tagged(name):
+    EVENTS.append(("enter", name))
+    try:
+        yield name.upper()
+    finally:
+        EVENTS.append(("exit", name))
+
+
+def contextmanager_block(x):
+    with _tagged("a") as t:
+        y = x * 2
+        EVENTS.append(t)
+    return y + 1
+
+
+def nested_contextmanagers(x):
+    with _tagged("outer"), _tagged("inner") as t:
+        x = x + len(t)
+    return x.sin()
+
+
+def nullcontext_block(x):
+    with contextlib.nullcontext(x * 3) as y:
+        z = y + 1
+    return z
+
+
+def suppress_catches(x):
+    with contextlib.suppress(KeyError):
+        x = x + 1
+        {}["missing"]
+        x = x * 100
+    return x.cos()
+
+
+def suppress_nothing_raised(x):
+    with contextlib.suppress(ValueError, KeyError):
+        x = x.sin()
+    return x * 2
+
+
+def _helper_with_a_manager(x):
+    with _tagged("h"):
+        return x.cos()
+
+
+def contextmanager_in_an_inlined_helper(x):
+    return _helper_with_a_manager(x) * 2
+
+
+def exit_stack(x):
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_tagged("s"))  # stack.callback(...) still breaks (see notes)
+        x = x + 1
+    return x * 3
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        contextmanager_block,
+        nested_contextmanagers,
+        nullcontext_block,
+        suppress_catches,
+        suppress_nothing_raised,
+        contextmanager_in_an_inlined_helper,
+        exit_stack,
+    ],
+)
+def test_contextlib_helpers_are_traced(fn):
+    counts = check(fn, tensors((3,)), state=_events, reset=_clear_events)
+    assert (counts.graphs, counts.breaks, counts.eager_frames) == (1, 0, 0)
+
+
+def break_inside_a_contextmanager_block(x):
+    with _tagged("b"):
+        y = x * 2
+        print("inside")
+        z = y + 1
+    return z
+
+
+def test_a_break_inside_a_contextmanager_block_runs_no_frame_eagerly():
+    """The manager's generator cannot be made again after the break, so the graph ends where
+    the manager is made; CPython makes it (the compiled `helper` of @contextmanager breaks
+    where its generator is made), and the rest is captured around it (2 graphs, 6 breaks).
+    Dynamo skips two frames here (0 graphs); before, ember ran this frame eagerly."""
+    counts = check(
+        break_inside_a_contextmanager_block, tensors((3,)), state=_events, reset=_clear_events
+    )
+    assert counts.eager_frames == 0 and counts.graphs == 2
+
+
+def returns_a_generator(x):
+    y = x * 2
+    return _printing(y), y.sin()
+
+
+def test_a_generator_returned_from_the_trace_is_made_by_cpython():
+    """The caller receives the generator before it ran a line: the graph ends where it is
+    made (its print then happens when the caller pulls). Before, the frame ran eagerly."""
+    compiled = ember.compile(returns_a_generator, backend="eager")
+    for run in (returns_a_generator, compiled, compiled):
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            gen, s = run(torch.ones(3))
+            assert out.getvalue() == ""
+            items = list(gen)
+        assert out.getvalue() == "gen 0\ngen 1\ngen 2\n"
+        torch.testing.assert_close(items[2], torch.full((3,), 4.0))
+        torch.testing.assert_close(s, torch.ones(3).mul(2).sin())
+    assert ember.stats()["eager_frames"] == 0
+
+
+def _exc_info_type(x):
+    return x + 1, sys.exc_info()[0], sys.exception()
+
+
+def test_exc_info_outside_a_handler_is_traced_and_guarded():
+    """sys.exc_info()/sys.exception() answer "nothing handled" in the trace, guarded: called
+    from an `except` block, the function captures again and gives CPython's answer."""
+    compiled = ember.compile(_exc_info_type, backend="eager")
+    out = compiled(torch.ones(2))
+    assert out[1] is None and out[2] is None
+    try:
+        raise KeyError("k")
+    except KeyError as exc:
+        inside = compiled(torch.ones(2))
+        assert inside[1] is KeyError and inside[2] is exc
+    assert compiled(torch.ones(2))[1] is None

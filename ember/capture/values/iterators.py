@@ -344,6 +344,14 @@ class GeneratorIterator(LazyIterator):
     def describe(self) -> str:
         return f"generator {self.frame.code.co_qualname}"
 
+    def reconstruct(self, em: Emitter) -> None:
+        """A generator that outlives the graph with its frame part-way (returned, held by
+        an object, alive at a break) cannot be made again: frame.py ends the graph where
+        it is made instead (GeneratorNotRebuilt)."""
+        if self.exhausted:
+            return super().reconstruct(em)
+        raise GeneratorNotRebuilt(self)
+
     def pull(self, tx: Translator) -> Value | None:
         try:
             self.returned = self.frame.run()
@@ -600,6 +608,17 @@ class _Group(LazyIterator):
         item = parent.current[1]
         parent.current = None
         return item
+
+
+class GeneratorNotRebuilt(Unsupported):
+    """Generated code would have to make a generator of the trace again, mid-way."""
+
+    def __init__(self, value: GeneratorIterator) -> None:
+        super().__init__(
+            BreakReason.UNSUPPORTED_OBJECT,
+            f"{value.describe()} made during capture cannot be rebuilt after the graph",
+        )
+        self.value = value
 
 
 class SettleFailed(Unsupported):
