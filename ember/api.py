@@ -8,8 +8,10 @@ anew on a miss. Modules get a wrapper module whose forward goes through the same
 from __future__ import annotations
 
 import functools
+import inspect
 import types
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -125,7 +127,7 @@ def _run_cached(
             capture_stats.record_eager_frame()
             return fn(*args, **kwargs)
     try:
-        wrap = None if opts.fullgraph else functools.partial(compile_function, opts=opts)
+        wrap = None if opts.fullgraph else _Callees(opts)
         policy = DynamicPolicy(
             opts.dynamic is True, dict(cache.dynamic), counters=opts.dynamic is not False
         )
@@ -167,6 +169,39 @@ def _automatic_dynamic(
     return "; " + ", ".join(said)
 
 
+_NOT_CAPTURED = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+
+class _Callees:
+    """How break code compiles the user functions it calls (`_compile_callee`), one per
+    capture, held by its break code. It keeps the caches of the functions it wrapped
+    alive as long as that code: a closure made anew on every call gets a new wrapper each
+    time, and its code's cache (shared by all its closures) must outlive each wrapper, or
+    every call would capture it again."""
+
+    def __init__(self, opts: CompileOptions) -> None:
+        self.opts = opts
+        self.held: dict[types.CodeType, frame_cache.FrameCache] = {}
+
+    def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        compiled = _compile_callee(fn, self.opts)
+        cache = getattr(getattr(compiled, "__func__", compiled), "_ember_cache", None)
+        if cache is not None and cache.code is not None:
+            self.held[cache.code] = cache
+        return compiled
+
+
+def _compile_callee(fn: Callable[..., Any], opts: CompileOptions) -> Callable[..., Any]:
+    """What break code calls for a user function it runs: the function compiled, but for a
+    generator (or coroutine) function, which makes its generator without running a line: the
+    generator then runs in CPython (a break ends the graph where one is made, see
+    capture/frame.py `_BreakAtCreation`), as Dynamo runs generator frames."""
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    if code is not None and code.co_flags & _NOT_CAPTURED:
+        return fn
+    return compile_function(fn, opts)
+
+
 def compile_function(fn: Callable[..., Any], opts: CompileOptions) -> Callable[..., Any]:
     """Wrap a function (or bound method) so that its calls go through the guarded cache."""
     if isinstance(fn, types.MethodType):
@@ -177,21 +212,58 @@ def compile_function(fn: Callable[..., Any], opts: CompileOptions) -> Callable[.
     if is_disabled(fn):
         return fn
     original = getattr(fn, "_ember_original", fn)
-    # owned here, shared weakly (per closure: see cache_for)
+    # owned here, shared weakly (by all closures of the code: see cache_for)
     cache = frame_cache.cache_for(original.__code__, opts, original.__closure__)
     entries = cache.entries
+    if original.__closure__ and frame_cache.closures_share_entries(original.__code__):
+        compiled = _closure_wrapper(original, opts, cache)
+    else:
+
+        @functools.wraps(original)
+        def compiled(*args: Any, **kwargs: Any) -> Any:
+            if functorch_active():
+                # inside an eager torch.func transform the tensors are its wrappers, which
+                # neither the guards nor compiled code know: the function runs as written
+                return original(*args, **kwargs)
+            grad_mode = torch.is_grad_enabled()
+            try:
+                for entry in entries:
+                    if entry.guard.check(*args, **kwargs):
+                        return entry.fn(*args, **kwargs)
+                return _run_cached(original, opts, cache, args, kwargs)
+            except BaseException:
+                # An exception leaving a `with no_grad()` block restores the grad mode in
+                # eager; break code that ran the raising call inside such a block has no
+                # handler to.
+                torch_compat.set_grad_enabled(grad_mode)
+                raise
+
+    compiled._ember_original = original
+    compiled._ember_options = opts
+    compiled._ember_cache = cache
+    return compiled
+
+
+def _closure_wrapper(
+    original: types.FunctionType, opts: CompileOptions, cache: frame_cache.FrameCache
+) -> Callable[..., Any]:
+    """The wrapper of a closure: its code's entries, captured for any closure of it, run
+    bound to this one's cells and defaults (bound once per entry and wrapper)."""
+    entries = cache.entries
+    bound: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     @functools.wraps(original)
     def compiled(*args: Any, **kwargs: Any) -> Any:
         if functorch_active():
-            # inside an eager torch.func transform the tensors are its wrappers, which
-            # neither the guards nor compiled code know: the function runs as written
             return original(*args, **kwargs)
         grad_mode = torch.is_grad_enabled()
         try:
             for entry in entries:
-                if entry.guard.check(*args, **kwargs):
-                    return entry.fn(*args, **kwargs)
+                pair = bound.get(entry)
+                if pair is None:
+                    pair = bound[entry] = frame_cache.bind_to_closure(entry, original)
+                if pair[0](*args, **kwargs):
+                    return pair[1](*args, **kwargs)
             return _run_cached(original, opts, cache, args, kwargs)
         except BaseException:
             # An exception leaving a `with no_grad()` block restores the grad mode in eager;
@@ -199,8 +271,6 @@ def compile_function(fn: Callable[..., Any], opts: CompileOptions) -> Callable[.
             torch_compat.set_grad_enabled(grad_mode)
             raise
 
-    compiled._ember_original = original
-    compiled._ember_options = opts
     return compiled
 
 

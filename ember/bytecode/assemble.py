@@ -93,6 +93,10 @@ class CodeBuilder:
         cell parameter): its slot holds the cell, and LOAD_FAST reads the slot as it is."""
         self.emit("LOAD_FAST", name)
 
+    def load_free_cell(self, name: str) -> None:
+        """Push the cell object of a free variable of the running code (its closure's)."""
+        self.emit("LOAD_CLOSURE", FreeVar(name))
+
     def _cell(self, name: str) -> CellVar | FreeVar:
         return CellVar(name) if name in self._cells else FreeVar(name)
 

@@ -95,19 +95,29 @@ _caches: weakref.WeakValueDictionary[tuple[types.CodeType, Any], FrameCache] = (
 _latest: weakref.WeakValueDictionary[types.CodeType, FrameCache] = weakref.WeakValueDictionary()
 
 
+def closures_share_entries(code: types.CodeType) -> bool:
+    """Whether the closures of `code` share one cache (Dynamo's one cache per code object):
+    the capture reads and writes their cells through the running closure (the guard is bound
+    to each closure, `bind_to_closure`; generated code loads the cells from its own free
+    slots; resume functions take them as cell parameters). Not for code using zero-argument
+    `super()`, whose `__class__` cell must stay a free variable: such a method's closure is
+    the same on every call anyway."""
+    return "__class__" not in code.co_freevars
+
+
 def cache_for(
     code: types.CodeType, options: Any = None, closure: tuple | None = None
 ) -> FrameCache:
     """The cache of one code object compiled with one set of options (a function compiled
     twice, say once with fullgraph=True, keeps separate entries), shared by the wrappers
-    alive for them. A closure has a cache of its own: its entries' guards and replacement
-    code read the cells of the function they were captured for, so two closures of the same
-    code (a local function made again on each call of its maker) must not share entries.
-    Without options: the cache most recently created for the code (for inspection in tests
-    and tools)."""
+    alive for them and by every closure of the code (a local function made again on each
+    call of its maker): the entries' guards and code read the cells of the closure they run
+    for (see closures_share_entries). Without options: the cache most recently created for
+    the code (for inspection in tests and tools)."""
     if options is None:
         return _latest.get(code) or FrameCache()
-    key = (code, options, tuple(map(id, closure)) if closure else None)
+    own = closure and not closures_share_entries(code)
+    key = (code, options, tuple(map(id, closure)) if own else None)
     cache = _caches.get(key)
     if cache is None:
         cache = _caches[key] = _latest[code] = FrameCache(code, options)
@@ -122,3 +132,19 @@ def reset() -> None:
     # Emptied in place: compiled wrappers hold their cache and must see it empty.
     for cache in live_caches():
         cache.clear()
+
+
+def bind_to_closure(entry: CacheEntry, fn: types.FunctionType) -> tuple[Callable, Callable]:
+    """The guard check and replacement function of `entry` for another closure `fn` of the
+    code it was captured for: the same code, reading `fn`'s cells and defaults (the guard
+    checks the parameters a call leaves out with the values the replacement will see)."""
+    check = entry.guard.check
+    names = dict(check.__globals__)
+    names["___closure"] = fn.__closure__
+    bound = types.FunctionType(check.__code__, names, check.__name__, fn.__defaults__)
+    bound.__kwdefaults__ = fn.__kwdefaults__
+    replacement = types.FunctionType(
+        entry.code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
+    )
+    replacement.__kwdefaults__ = fn.__kwdefaults__
+    return bound, replacement

@@ -84,6 +84,9 @@ class Emitter:
         self.output_index = harvest.output_index
         self._sizes = harvest.sizes
         self._built: dict[int, str] = {}
+        self.site: BreakSite | None = None
+        """The break this code is for: callbacks of iterators made again lazily go through
+        ember as its callee does (`reconstruct_callback`)."""
 
     def load_number(self, value: Any) -> None:
         """A constant; a symbolic number computed from the symbols read at entry (a tuple
@@ -130,6 +133,14 @@ class Emitter:
             self._built[key] = name
             self.cg.copy(1)
             self.cg.store_fast(name)
+
+    def reconstruct_callback(self, value: Value) -> None:
+        """A callback that CPython calls after the break (a rebuilt `map`'s function): a user
+        function goes through ember's wrapper, so its body is captured when called."""
+        if self.site is None:
+            self.reconstruct(value)
+        else:
+            _reconstruct_callee(self, value, self.site)
 
     def load_cell(self, cell: Any) -> None:
         """Push a closure cell as a real cell object. A cell made in the trace (CellValue) is
@@ -545,6 +556,7 @@ def build_break_replacement(
     an inlined frame, of its callers' resume functions after their calls)."""
     cg = CodeBuilder(template)
     em = Emitter(cg, harvest)
+    em.site = site
     _read_symbols(cg, harvest)
     _call_graph(cg, compiled_name, harvest)
     _set_grad_mode(cg, site.grad_mode)

@@ -54,7 +54,7 @@ from ember.capture.translator import (
 )
 from ember.capture.values.exceptions import TracedRaise
 from ember.capture.values.functions import RealCell
-from ember.capture.values.iterators import SettleFailed, settle_iterators
+from ember.capture.values.iterators import GeneratorNotRebuilt, SettleFailed, settle_iterators
 from ember.capture.values.objects import CellValue
 from ember.distributed import active_ddp, split_at_buckets
 from ember.errors import BackendCompilerFailed, Unsupported
@@ -101,6 +101,8 @@ def capture_call(
             stop_before = retry.stop
         except _RebuildLazily as retry:
             lazy |= {retry.index}
+        except _BreakAtCreation as retry:  # the iterators alive there are others now
+            stop_before, lazy = retry.stop, frozenset()
     graph = None
     if compiled_name is not None:
         graph = harvest.gm
@@ -164,6 +166,17 @@ class _RebuildLazily(Exception):
         self.index = index
 
 
+class _BreakAtCreation(Exception):
+    """A generator (or another iterator break code cannot make again) alive at the break
+    can neither be computed ahead nor rebuilt: capture again and end the graph at the
+    instruction that made it, so that CPython makes it and the resume function holds the
+    real generator, instead of the whole frame running eagerly."""
+
+    def __init__(self, stop: tuple[int, Unsupported]) -> None:
+        super().__init__("break where the iterator is made")
+        self.stop = stop
+
+
 def _capture(
     fn: types.FunctionType,
     args: tuple,
@@ -189,7 +202,7 @@ def _capture(
             ]
             live = [v for part in parts for v in part.values()]
             with _in_caller_on_failure(frames):
-                _settle_iterators(host, live, lazy)
+                _settle_iterators(host, live, lazy, tracer)
         else:
             live = [result]
         outputs = live_tensors([*live, *ctx.effects.pending_values()])
@@ -199,9 +212,10 @@ def _capture(
     compiled_name = None if harvest.is_empty() else f"__compiled_fn_{next(_counter)}"
     if brk is None:
         changed = mode_at_break if mode_at_break != grad_mode else None
-        code = build_replacement(
-            fn.__code__, compiled_name, harvest, ctx.effects, result, changed, tracer.raised
-        )
+        with _break_where_generators_are_made(tracer, None):
+            code = build_replacement(
+                fn.__code__, compiled_name, harvest, ctx.effects, result, changed, tracer.raised
+            )
         return ctx, tracer, brk, harvest, compiled_name, code
     logs.log("graph_breaks", "graph break in %s: %s", fn.__qualname__, brk.reason)
     *callers, at = parts
@@ -219,11 +233,41 @@ def _capture(
         [part.caller(wrap) for part in callers],
     )
     try:
-        with _in_caller_on_failure(frames):
+        with _break_where_generators_are_made(tracer, host), _in_caller_on_failure(frames):
             code = build_break_replacement(fn.__code__, compiled_name, harvest, ctx.effects, site)
     except Unsupported as exc:  # the break's own reason first: it is what to change
         raise _runs_eagerly(brk.reason, f"and at the break, {exc.detail}") from exc
     return ctx, tracer, brk, harvest, compiled_name, code
+
+
+@contextlib.contextmanager
+def _break_where_generators_are_made(root: Any, host: Any) -> Iterator[None]:
+    """A generator of the trace that the generated code would have to make again (the
+    function returns it, or an object holding it such as a @contextmanager's manager; or it
+    is alive at the break inside such an object): capture again and end the graph where it
+    is made, so that CPython makes it."""
+    try:
+        yield
+    except (GeneratorNotRebuilt, _BreakInCaller) as exc:
+        cause = exc if isinstance(exc, GeneratorNotRebuilt) else exc.__cause__
+        if not isinstance(cause, GeneratorNotRebuilt):
+            raise
+        made_at = _made_at(cause.value, root)
+        if made_at is None:
+            raise
+        where = "" if host is None else f" past the graph break at {host.location()[0]}"
+        raise _BreakAtCreation(
+            (
+                made_at,
+                Unsupported(
+                    cause.reason,
+                    f"{cause.value.describe()} is made here and lives on{where} part-way "
+                    "through (returned, or held by an object such as a @contextmanager's "
+                    "manager), and a running generator cannot be made again: the graph "
+                    "ends where it is made, and CPython runs it",
+                ),
+            )
+        ) from exc
 
 
 @contextlib.contextmanager
@@ -388,19 +432,47 @@ def _check_resumable(tracer: Any) -> None:
         )
 
 
-def _settle_iterators(tracer: Any, live: list[Any], lazy: frozenset[int]) -> None:
+def _settle_iterators(tracer: Any, live: list[Any], lazy: frozenset[int], root: Any) -> None:
     """Lazy iterators alive at the break hand their remaining items to CPython as a tuple:
     computed here, when that shows no side effect; otherwise the capture runs again and
-    break code makes that one again, lazy (its index joins `lazy`), where it can; else the
-    frame runs eagerly."""
+    break code makes that one again, lazy (its index joins `lazy`), where it can; else (a
+    generator) the capture runs again and breaks where that iterator is made; only where
+    that place is unknown does the frame run eagerly."""
     try:
         settle_iterators(tracer, live, lazy)
     except SettleFailed as exc:
         if exc.lazily and exc.index not in lazy:
             raise _RebuildLazily(exc.index) from exc
+        made_at = _made_at(exc.value, root)
+        if made_at is not None:
+            where = tracer.location()[0]
+            raise _BreakAtCreation(
+                (
+                    made_at,
+                    Unsupported(
+                        exc.reason,
+                        f"{exc.value.describe()} is made here and is still alive at the "
+                        f"graph break at {where}, where it can be neither computed ahead "
+                        f"({exc.inner}) nor made again: the graph ends where it is made, "
+                        "and CPython runs it",
+                        hint=exc.hint,
+                    ),
+                )
+            ) from exc
         raise _runs_eagerly(
             exc.at(*tracer.location()) if not exc.location else exc, "at a graph break"
         ) from exc
+
+
+def _made_at(value: Any, root: Any) -> int | None:
+    """The step of the instruction that made `value` in this capture: its own record (a
+    generator: the instruction of the frame that called the generator function), else the
+    root frame's instruction during which it was made; None if made before the first."""
+    made_at = getattr(value, "made_at", None)
+    if made_at is not None:
+        return made_at
+    steps = [s for s, serial in root._step_serials if serial <= value.serial]
+    return max(steps) if steps else None
 
 
 def _install_resume(

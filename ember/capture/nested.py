@@ -119,12 +119,11 @@ def _fixed(cell: object) -> bool:
 
 
 def passes_free_cells(frame: Translator) -> bool:
-    """Whether the resume functions of an inlined frame take its free variables as cell
-    parameters (some cell of its closure differs between calls) instead of closing over
-    the cells the capture saw."""
-    return frame.parent is not None and not all(
-        _fixed(frame.cells.get(name)) for name in frame.code.co_freevars
-    )
+    """Whether the resume functions of a frame take its free variables as cell parameters
+    (some cell of its closure differs between calls: an inlined closure's, or the compiled
+    function's own, whose entries serve all its closures) instead of closing over the cells
+    the capture saw."""
+    return not all(_fixed(frame.cells.get(name)) for name in frame.code.co_freevars)
 
 
 def frame_function(frame: Translator) -> types.FunctionType:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 import weakref
 from typing import Any
 
@@ -175,6 +176,37 @@ class CellSource(Source):
 
     def emit(self, cg: CodeBuilder) -> None:
         cg.load_deref(self.var)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class HandledExceptionSource(Source):
+    """The exception the calling thread is handling (`sys.exc_info()[1]`) when the
+    compiled function is called: None unless it is called from an `except` block."""
+
+    def name(self) -> str:
+        return "sys.exc_info()[1]"
+
+    def expr(self, scope: GuardScope) -> str:
+        return f"{scope.const(sys.exc_info, 'exc_info')}()[1]"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class FreeCellSource(Source):
+    """A closure cell object of the function being compiled: the guard reads it from the
+    closure the check is bound to, generated code from the running frame's free slot. Its
+    entries serve every closure of the code (a local function made again on each call)."""
+
+    var: str
+    index: int
+
+    def name(self) -> str:
+        return f"L[{self.var!r}] (cell)"
+
+    def expr(self, scope: GuardScope) -> str:
+        return scope.bind(self, f"___closure[{self.index}]")
+
+    def emit(self, cg: CodeBuilder) -> None:
+        cg.load_free_cell(self.var)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

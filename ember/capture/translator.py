@@ -19,6 +19,7 @@ import torch
 from ember import config, torch_compat
 from ember.bytecode import Inst, decode, handler_at
 from ember.capture.autocast import AutocastMode, callers_modes
+from ember.capture.cache import closures_share_entries
 from ember.capture.guards import GuardKind, GuardSet
 from ember.capture.output_graph import OutputGraph
 from ember.capture.resume import cell_params
@@ -28,6 +29,7 @@ from ember.capture.sources import (
     AttrSource,
     CellParamSource,
     CellSource,
+    FreeCellSource,
     LocalSource,
     global_source,
 )
@@ -508,7 +510,7 @@ class Translator:
         child = Translator(self.ctx, code, f_globals, f_locals, cells, parent=self)
         if not code.co_flags & inspect.CO_GENERATOR:
             return child.run()
-        return GeneratorIterator(child)
+        return GeneratorIterator(child, self.ctx.frames[-1].before if self.ctx.frames else None)
 
 
 def bind_arguments(
@@ -592,8 +594,14 @@ def root_translator(
         real.apply_defaults()
         lazy = dict(real.arguments)
     cells: dict[str, Any] = {}
-    for index, (name, cell) in enumerate(zip(fn.__code__.co_freevars, fn.__closure__ or ())):
-        cells[name] = RealCell(cell, CellSource(name, index))
+    shared = closures_share_entries(code)
+    for index, (name, cell) in enumerate(zip(code.co_freevars, fn.__closure__ or ())):
+        if not shared:
+            cells[name] = RealCell(cell, CellSource(name, index))
+            continue
+        # read and written through the running closure: entries serve every closure
+        holder = FreeCellSource(name, index)
+        cells[name] = RealCell(cell, CellSource(name, index), holder, False)
     for name in cell_params(code):  # a resume function's cells, passed as cell objects
         holder = CellParamSource(name)
         cells[name] = RealCell(lazy.pop(name), AttrSource(holder, "cell_contents"), holder, False)

@@ -226,7 +226,9 @@ CASES = [
         _g_reset,
         eager=0,
     ),
-    Case(genexpr_with_print, one, 0, 0, _g_state, _g_reset, eager=1),  # as under Dynamo
+    # the graph ends where the generator is made; CPython sums it, `x * s` is captured
+    # (Dynamo: 0 graphs, the frame run eagerly, as ember did before)
+    Case(genexpr_with_print, one, 1, 2, _g_state, _g_reset, eager=0),
     Case(while_else_with_print, one, 3, 2, _g_state, _g_reset, eager=0),
     # the break is taken in the helper's frame (Dynamo: 2 graphs, 2 breaks)
     Case(local_closure_helper_breaks, one, 2, 1, _g_state, _g_reset, eager=0),

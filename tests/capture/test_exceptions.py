@@ -443,10 +443,10 @@ def b_break_in_generator_context(x):
 
 def test_break_in_a_generator_context_manager_ends_the_graph_before_it():
     """The generator behind @contextmanager cannot be rebuilt at the break: the graph ends
-    where the manager is made, with a reason naming the construct and the lines; only
-    contextlib's `helper` (which makes the generator) runs eagerly. Dynamo runs the whole
-    frame eagerly."""
-    check(b_break_in_generator_context, tensors((4,)), state=_state, reset=_reset, eager_frames=1)
+    where the manager is made, with a reason naming the construct and the lines; contextlib's
+    `helper` (which makes the generator) breaks where it makes it, so no frame runs eagerly
+    (before, `helper` did). Dynamo runs the whole frame eagerly."""
+    check(b_break_in_generator_context, tensors((4,)), state=_state, reset=_reset)
     first = ember.stats()["break_reasons"][0]
     assert "inside a `with` block on _GeneratorContextManager object" in first
     with_line = _line_of(b_break_in_generator_context, "with generator_scope")
@@ -487,7 +487,6 @@ def test_nested_generator_contexts_restart_until_the_outer_manager():
         tensors((4,)),
         state=_state,
         reset=_reset,
-        eager_frames=1,
     )
 
 

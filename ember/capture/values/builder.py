@@ -266,7 +266,12 @@ class ValueBuilder:
         iterators the trace can move and the ledger can put back (list and tuple
         iterators, or such objects over them); None otherwise."""
         from ember.capture.values.containers import IteratorValue
-        from ember.capture.values.iterators import FilterIterator, MapIterator, ZipIterator
+        from ember.capture.values.iterators import (
+            FilterIterator,
+            MapIterator,
+            OutsideEnumerate,
+            ZipIterator,
+        )
 
         reduced = value.__reduce__()
         if len(reduced) != 2:  # zip(strict=True) keeps its flag in the state
@@ -274,6 +279,10 @@ class ValueBuilder:
         self.ctx.guards.add(GuardKind.TYPE_MATCH, source, type(value))
         parts = self.wrap(reduced[1], ReduceArgsSource(source)).items
         kind = type(value)
+        if kind is enumerate:  # (iterator, count)
+            if not isinstance(parts[0], IteratorValue) or not parts[1].is_constant():
+                return None
+            return OutsideEnumerate(parts[0], parts[1].as_constant(), source)
         iterators = parts if kind is zip else parts[1:]
         if not all(isinstance(it, IteratorValue) for it in iterators):
             return None
@@ -546,4 +555,4 @@ def _made_by_a_call(fn: types.FunctionType) -> bool:
 
 
 _SEQUENCE_ITERATORS = (type(iter([])), type(iter(())))
-_LAZY_ITERATORS = (map, filter, zip, itertools.filterfalse)
+_LAZY_ITERATORS = (map, filter, zip, itertools.filterfalse, enumerate)

@@ -62,6 +62,33 @@ def handles(*fns: Any) -> Callable[[Handler], Handler]:
     return register
 
 
+def _nothing_handled(fn: Any) -> Handler:
+    """`sys.exc_info()` / `sys.exception()` outside any handler, in the trace and in the
+    caller (guarded: a call from an `except` block captures again): nothing is being
+    handled (contextlib.ExitStack.__exit__ asks). Inside a handler the traceback is
+    CPython's: a break."""
+
+    def handler(tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        from ember.capture.sources import HandledExceptionSource
+
+        if args or kwargs or tx.ctx.handling is not None or sys.exc_info()[1] is not None:
+            raise Unsupported(
+                BreakReason.UNSUPPORTED_CALL,
+                f"sys.{fn.__name__}() while an exception is handled (CPython's to answer)",
+            )
+        tx.ctx.guards.add(GuardKind.NONE_MATCH, HandledExceptionSource(), None)
+        if fn is sys.exc_info:
+            return TupleValue([ConstantValue(None)] * 3)
+        return ConstantValue(None)
+
+    return handler
+
+
+BUILTINS[sys.exc_info] = _nothing_handled(sys.exc_info)
+if hasattr(sys, "exception"):  # 3.11+
+    BUILTINS[sys.exception] = _nothing_handled(sys.exception)
+
+
 _PURE_BUILTINS = {
     abs,
     all,

@@ -130,6 +130,14 @@ class ClassValue(Value):
             return _construct_dict_object(tx, cls, args, kwargs)
         if issubclass(cls, (tuple, list)):
             return _construct_sequence(tx, cls, args, kwargs)
+        if cls is types.MethodType and len(args) == 2 and not kwargs:  # contextlib.ExitStack
+            fn = args[0]
+            if not isinstance(fn, UserFunctionValue) and isinstance(
+                getattr(fn, "fn", None), types.FunctionType
+            ):  # a Python function read from a class ember lists as a builtin's
+                fn = UserFunctionValue(fn.fn)
+            if isinstance(fn, UserFunctionValue):
+                return BoundMethodValue(fn, args[1])
         if not from_class_statement(cls):
             raise Unsupported(
                 BreakReason.UNSUPPORTED_CALL,

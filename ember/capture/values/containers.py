@@ -8,6 +8,7 @@ outside (it has a source) is recorded in the side-effect ledger and replayed aft
 from __future__ import annotations
 
 import collections
+import types
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -621,8 +622,18 @@ def iterator_over(tx: Translator, value: Value) -> IteratorValue:
     appended while looping are visited (a work queue); other iterables are snapshots."""
     if isinstance(value, IteratorValue):
         return value
+    if _is_opaque_generator(value):
+        return value  # iter(g) is g: each pull is then a break of FOR_ITER or next()
     if isinstance(value, ListValue):
         it = IteratorValue(value.items)
         it.of_list = value
         return it
     return IteratorValue(value.iterate(tx))
+
+
+def _is_opaque_generator(value: Value) -> bool:
+    """A generator from outside the trace (made by CPython at a break, or passed in), held
+    as an object ember cannot look into."""
+    from ember.capture.values.builder import OpaqueValue
+
+    return isinstance(value, OpaqueValue) and value.cls is types.GeneratorType

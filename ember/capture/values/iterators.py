@@ -10,7 +10,8 @@ the callback (inlined, as any call) at the moment the consumer pulls. What was p
 
 At a graph break an iterator that is still alive is run to its end first (`settle`), when
 doing so has no side effect a user could see (only tensor work and pure Python); otherwise
-the frame cannot be resumed and runs eagerly.
+break code makes it again lazily (frame.py), or, for a generator, whose frame cannot be made
+again mid-way, the capture ends the graph where the generator is made.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ class LazyIterator(IteratorValue):
     """An iterator that makes each item on demand (`pull`); `kind` is its Python type."""
 
     kind: type = object
+    callbacks: frozenset[int] = frozenset()
+    """The positions among `lazy_parts`' arguments of the functions it calls on items."""
 
     def __init__(self) -> None:
         super().__init__([])
@@ -129,8 +132,11 @@ class LazyIterator(IteratorValue):
             return Value.reconstruct(self, em)
         maker, args, kwargs = self.lazy_parts()
         em.cg.load_const(maker, push_null=True)
-        for part in [*args, *kwargs.values()]:
-            em.reconstruct(part)
+        for i, part in enumerate([*args, *kwargs.values()]):
+            if i in self.callbacks:  # called by CPython after the break: through ember
+                em.reconstruct_callback(part)
+            else:
+                em.reconstruct(part)
         em.cg.call(len(args) + len(kwargs), tuple(kwargs))
 
 
@@ -144,6 +150,7 @@ def _rebuildable_part(value: Value) -> bool:
 
 class MapIterator(LazyIterator):
     kind = map
+    callbacks = frozenset({0})
 
     def __init__(self, fn: Value, sources: list[IteratorValue]) -> None:
         super().__init__()
@@ -173,6 +180,7 @@ class StarmapIterator(MapIterator):
 
 class FilterIterator(LazyIterator):
     kind = filter
+    callbacks = frozenset({0})
 
     def __init__(self, fn: Value | None, source: IteratorValue, keep_if: bool = True) -> None:
         super().__init__()
@@ -275,19 +283,74 @@ class EnumerateIterator(LazyIterator):
         return enumerate, [self.inner, ConstantValue(self.count)], {}
 
 
+class OutsideEnumerate(EnumerateIterator):
+    """An enumerate object from outside (an argument; one break code made again lazily
+    and handed to a resume function), pulled in the trace over its `__reduce__` parts: the
+    iterator it wraps (a list or tuple iterator, or a map/filter/zip over them) and its
+    count. Its count cannot be set, so the ledger pulls the real object as many times as
+    the trace did (`advance_enumerate`, before the wrapped iterator's own position is put
+    back: pulling those has no side effect). It stays the caller's object at a break."""
+
+    def __init__(self, source_iterator: IteratorValue, start: int, source: Any) -> None:
+        super().__init__(source_iterator, start)
+        self.source = source
+        self.pulls = 0
+
+    def describe(self) -> str:
+        return "enumerate from outside"
+
+    def pull(self, tx: Translator) -> Value | None:
+        tx.ctx.effects.moved(self)  # first: its replay runs before the wrapped iterator's
+        self.pulls += 1
+        return super().pull(tx)
+
+    def settle(self, tx: Translator) -> None:
+        """Nothing to compute ahead: break code hands on the caller's object, moved."""
+
+    def lazily_rebuildable(self) -> bool:
+        return False
+
+    def reconstruct(self, em: Emitter) -> None:
+        self.source.emit(em.cg)
+
+    def replay_position(self, em: Emitter) -> None:
+        em.cg.load_const(advance_enumerate, push_null=True)
+        self.source.emit(em.cg)
+        em.cg.load_const(self.pulls)
+        em.cg.call(2)
+        em.cg.pop_top()
+
+
+def advance_enumerate(it: Any, pulls: int) -> None:
+    """Pull a real enumerate object `pulls` times (the trace pulled its model so often)."""
+    for _ in range(pulls):
+        next(it, None)
+
+
 class GeneratorIterator(LazyIterator):
     """A generator object: its frame (a child translator) runs up to the next yield each
     time the consumer pulls, and keeps its state in between."""
 
     kind = types.GeneratorType
 
-    def __init__(self, frame: Translator) -> None:
+    def __init__(self, frame: Translator, made_at: int | None = None) -> None:
         super().__init__()
         self.frame = frame
+        self.made_at = made_at
+        """The step (ctx.steps) of the instruction that made it: where the graph ends when
+        it cannot be computed ahead at a break (frame.py `_BreakAtCreation`)."""
         frame.yielded = []  # marks the frame as a generator for RETURN_GENERATOR / YIELD_VALUE
 
     def describe(self) -> str:
         return f"generator {self.frame.code.co_qualname}"
+
+    def reconstruct(self, em: Emitter) -> None:
+        """A generator that outlives the graph with its frame part-way (returned, held by
+        an object, alive at a break) cannot be made again: frame.py ends the graph where
+        it is made instead (GeneratorNotRebuilt)."""
+        if self.exhausted:
+            return super().reconstruct(em)
+        raise GeneratorNotRebuilt(self)
 
     def pull(self, tx: Translator) -> Value | None:
         try:
@@ -547,11 +610,24 @@ class _Group(LazyIterator):
         return item
 
 
+class GeneratorNotRebuilt(Unsupported):
+    """Generated code would have to make a generator of the trace again, mid-way."""
+
+    def __init__(self, value: GeneratorIterator) -> None:
+        super().__init__(
+            BreakReason.UNSUPPORTED_OBJECT,
+            f"{value.describe()} made during capture cannot be rebuilt after the graph",
+        )
+        self.value = value
+
+
 class SettleFailed(Unsupported):
     """Settling the `index`-th lazy iterator among the values failed; `lazily` says whether
     break code could have made it again lazily instead (checked before settling it)."""
 
-    def __init__(self, cause: Unsupported, index: int, lazily: bool) -> None:
+    def __init__(
+        self, cause: Unsupported, index: int, lazily: bool, value: Value, inner: str
+    ) -> None:
         super().__init__(
             cause.reason,
             cause.detail,
@@ -561,6 +637,9 @@ class SettleFailed(Unsupported):
         )
         self.index = index
         self.lazily = lazily
+        self.value = value
+        self.inner = inner
+        """Why settling it failed, in the pull's own words."""
 
 
 def settle_iterators(tx: Translator, values: list[Value], lazy: frozenset[int]) -> None:
@@ -575,9 +654,10 @@ def settle_iterators(tx: Translator, values: list[Value], lazy: frozenset[int]) 
         try:
             value.settle(tx)
         except Unsupported as exc:
+            inner = exc.detail
             if "alive at the graph break" not in exc.detail:  # a pull that itself broke
                 exc.detail = (
                     f"a {value.describe()} alive at the graph break cannot be computed "
                     f"ahead, nor made again ({exc.detail})"
                 )
-            raise SettleFailed(exc, index, lazily) from exc
+            raise SettleFailed(exc, index, lazily, value, inner) from exc
