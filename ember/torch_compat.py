@@ -93,6 +93,9 @@ reinterpret_tensor: Callable[..., torch.Tensor] = _resolve("_C._dynamo.guards._r
 other's own storage offset*, made in C++ without the dispatcher or a view's autograd record:
 half the cost of `torch.as_strided` (whose offset is absolute)."""
 _storage_use_count: Callable[[int], int] = _resolve("_C._storage_Use_Count")
+disabled_torch_function: Callable[..., Any] = _resolve("_C._disabled_torch_function_impl")
+"""A tensor subclass's `__torch_function__` that skips the subclass at the Python level, so
+only its `__torch_dispatch__` sees ops (capture/autocast.py's probe)."""
 
 
 def storage_use_count(t: torch.Tensor) -> int:

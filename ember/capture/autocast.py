@@ -87,7 +87,7 @@ class _Probe(torch.Tensor):
         return probe
 
     casts: dict[int, torch.dtype] | None = None
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    __torch_function__ = torch_compat.disabled_torch_function
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206

@@ -18,6 +18,7 @@ import functools
 import hashlib
 import importlib.util
 import inspect
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -213,6 +214,23 @@ def record_launches() -> Iterator[list[Launch]]:
         _recording = outer
 
 
+_parse_lock = threading.Lock()
+
+
+def _parse_one_at_a_time(kernel: Any) -> None:
+    """CPython 3.11 before 3.11.8 keeps ast.parse's recursion depth in state shared by all
+    threads, so two kernels parsed at once by the pool fail with "AST constructor recursion
+    depth mismatch" (seen in CI): this kernel's parse takes a lock (the parse is short;
+    the code generation and ptxas after it still run in parallel)."""
+    parse = type(kernel).parse
+
+    def locked_parse() -> Any:
+        with _parse_lock:
+            return parse(kernel)
+
+    kernel.parse = locked_parse
+
+
 def compile_ahead(launches: list[Launch], capability: int = 90, workers: int = 4) -> list[Any]:
     """Each distinct launch compiled by Triton's own compiler for a CUDA device of this
     compute capability, down to the cubin (ptxas ships with Triton), in a thread pool. No
@@ -224,9 +242,16 @@ def compile_ahead(launches: list[Launch], capability: int = 90, workers: int = 4
 
     target = GPUTarget("cuda", capability, 32)
     distinct = list(dict.fromkeys(launches))
+    modules = {
+        launch.source: _module(launch.source, f"sm{capability}", False) for launch in distinct
+    }
+    for module in modules.values():
+        for value in vars(module).values():
+            if isinstance(value, triton.runtime.JITFunction):
+                _parse_one_at_a_time(value)
 
     def build(launch: Launch) -> Any:
-        module = _module(launch.source, f"sm{capability}", interpret=False)
+        module = modules[launch.source]
         signature = dict(launch.signature) | {name: "constexpr" for name, _ in launch.constexprs}
         src = ASTSource(
             fn=getattr(module, launch.kernel),
