@@ -214,56 +214,25 @@ def compile_function(fn: Callable[..., Any], opts: CompileOptions) -> Callable[.
     original = getattr(fn, "_ember_original", fn)
     # owned here, shared weakly (by all closures of the code: see cache_for)
     cache = frame_cache.cache_for(original.__code__, opts, original.__closure__)
-    entries = cache.entries
     if original.__closure__ and frame_cache.closures_share_entries(original.__code__):
-        compiled = _closure_wrapper(original, opts, cache)
+        find = _closure_lookup(original, cache)
     else:
 
-        @functools.wraps(original)
-        def compiled(*args: Any, **kwargs: Any) -> Any:
-            if functorch_active():
-                # inside an eager torch.func transform the tensors are its wrappers, which
-                # neither the guards nor compiled code know: the function runs as written
-                return original(*args, **kwargs)
-            grad_mode = torch.is_grad_enabled()
-            try:
-                for entry in entries:
-                    if entry.guard.check(*args, **kwargs):
-                        return entry.fn(*args, **kwargs)
-                return _run_cached(original, opts, cache, args, kwargs)
-            except BaseException:
-                # An exception leaving a `with no_grad()` block restores the grad mode in
-                # eager; break code that ran the raising call inside such a block has no
-                # handler to.
-                torch_compat.set_grad_enabled(grad_mode)
-                raise
-
-    compiled._ember_original = original
-    compiled._ember_options = opts
-    compiled._ember_cache = cache
-    return compiled
-
-
-def _closure_wrapper(
-    original: types.FunctionType, opts: CompileOptions, cache: frame_cache.FrameCache
-) -> Callable[..., Any]:
-    """The wrapper of a closure: its code's entries, captured for any closure of it, run
-    bound to this one's cells and defaults (bound once per entry and wrapper)."""
-    entries = cache.entries
-    bound: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        def find(args: tuple, kwargs: dict) -> Callable[..., Any] | None:
+            entry = cache.lookup(args, kwargs)
+            return None if entry is None else entry.fn
 
     @functools.wraps(original)
     def compiled(*args: Any, **kwargs: Any) -> Any:
         if functorch_active():
+            # inside an eager torch.func transform the tensors are its wrappers, which
+            # neither the guards nor compiled code know: the function runs as written
             return original(*args, **kwargs)
         grad_mode = torch.is_grad_enabled()
         try:
-            for entry in entries:
-                pair = bound.get(entry)
-                if pair is None:
-                    pair = bound[entry] = frame_cache.bind_to_closure(entry, original)
-                if pair[0](*args, **kwargs):
-                    return pair[1](*args, **kwargs)
+            run = find(args, kwargs)
+            if run is not None:
+                return run(*args, **kwargs)
             return _run_cached(original, opts, cache, args, kwargs)
         except BaseException:
             # An exception leaving a `with no_grad()` block restores the grad mode in eager;
@@ -271,7 +240,30 @@ def _closure_wrapper(
             torch_compat.set_grad_enabled(grad_mode)
             raise
 
+    compiled._ember_original = original
+    compiled._ember_options = opts
+    compiled._ember_cache = cache
     return compiled
+
+
+def _closure_lookup(
+    original: types.FunctionType, cache: frame_cache.FrameCache
+) -> Callable[[tuple, dict], Callable[..., Any] | None]:
+    """The lookup of a closure's wrapper: its code's entries, captured for any closure of
+    it, run bound to this one's cells and defaults (bound once per entry and wrapper)."""
+    entries = cache.entries
+    bound: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def find(args: tuple, kwargs: dict) -> Callable[..., Any] | None:
+        for entry in entries:
+            pair = bound.get(entry)
+            if pair is None:
+                pair = bound[entry] = frame_cache.bind_to_closure(entry, original)
+            if pair[0](*args, **kwargs):
+                return pair[1]
+        return None
+
+    return find
 
 
 def _call_module(module: torch.nn.Module, /, *args: Any, **kwargs: Any) -> Any:

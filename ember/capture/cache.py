@@ -59,9 +59,27 @@ class FrameCache:
     dynamic: dict[Source, frozenset[int]] = dataclasses.field(default_factory=dict)
     """Automatic dynamic: the argument dims (-1: an int) seen changing between calls."""
 
+    last: CacheEntry | None = None
+    """The entry that matched most recently: tried first (a model whose first call changes
+    its own state, as transformers' config.problem_type, matches its second entry ever
+    after; alternating shapes are rare)."""
+
+    def lookup(self, args: tuple, kwargs: dict) -> CacheEntry | None:
+        """An entry whose guard holds for this call (the last one that matched, if it
+        still does; else the first in order), or None."""
+        last = self.last
+        if last is not None and last.guard.check(*args, **kwargs):
+            return last
+        for entry in self.entries:
+            if entry is not last and entry.guard.check(*args, **kwargs):
+                self.last = entry
+                return entry
+        return None
+
     def add(self, entry: CacheEntry, installed: tuple[dict, str] | None) -> None:
         """Keep `entry`, tied to the lives of the objects its guard names by identity."""
         self.entries.append(entry)
+        self.last = entry  # made for the call that missed: the next one is likely alike
         this, held = weakref.ref(self), weakref.ref(entry)
         for obj in entry.guard.identities():
             entry.finalizers.append(weakref.finalize(obj, _drop, this, held))
@@ -69,6 +87,7 @@ class FrameCache:
             entry.finalizers.append(weakref.finalize(entry, _uninstall, *installed))
 
     def clear(self) -> None:
+        self.last = None
         entries, self.entries[:] = list(self.entries), []
         for entry in entries:
             entry.release()
@@ -82,6 +101,8 @@ def _drop(cache_ref: weakref.ref, entry_ref: weakref.ref) -> None:
     cache, entry = cache_ref(), entry_ref()
     if cache is not None and entry is not None and entry in cache.entries:
         cache.entries.remove(entry)
+        if cache.last is entry:
+            cache.last = None
         entry.release()
 
 

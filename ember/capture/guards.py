@@ -22,7 +22,14 @@ import torch
 
 from ember import torch_compat
 from ember.capture.shapes import symbolic_tensor_conditions
-from ember.capture.sources import GuardScope, Source
+from ember.capture.sources import (
+    AttrSource,
+    GuardScope,
+    LocalSource,
+    ModuleEntrySource,
+    Source,
+    attr_source,
+)
 
 
 class GuardKind(enum.Enum):
@@ -38,6 +45,10 @@ class GuardKind(enum.Enum):
     INFERENCE_MODE = "torch.is_inference_mode_enabled(), where the trace asked for it"
     NO_HOOKS = "module has no forward or backward hooks"
     MISSING_ATTR = "an attribute the trace found missing (hasattr, getattr default) stays so"
+    ABSENT_ATTR = (
+        "an instance lookup that found nothing still does: the name is in no class dict of"
+        " the MRO, not in the instance dict (nor nn.Module's tables), and no __getattr__"
+    )
     DICT_CONTAINS = "a key the trace looked up in a dict is still present (or still absent)"
     SYMBOLIC_TENSOR = "tensor type, dtype, device, static sizes, strides of symbolic sizes"
     SIZE_RELATION = "a relation between size symbols the trace relied on (s0 >= 2, s0 == s1)"
@@ -66,15 +77,31 @@ def _hashable(value: Any) -> Any:
         return id(value)
 
 
-def tensor_match(t: torch.Tensor) -> Any:
-    """A C++ check that a tensor matches `t` as a TENSOR_MATCH guard's conditions say (and,
-    stricter, in its dispatch keys: a conjugate or negative view, a tensor subclass's keys)."""
+def tensor_match(*tensors: torch.Tensor) -> Any:
+    """A C++ check that tensors match `tensors` as TENSOR_MATCH guards' conditions say (and,
+    stricter, in their dispatch keys: a conjugate or negative view, a tensor subclass's
+    keys): `tensor_match(a, b).check(x, y)` checks x against a and y against b, in one
+    call."""
     # it keeps this thread's dispatch keys from its construction: the caller's, not those
     # of the capture, which runs outside the caller's inference mode and autocast
     with torch_compat.in_callers_modes():
         return torch_compat.TensorMatch(
-            t, dynamic_dims_sizes=[list(t.shape)], dynamic_dims_strides=[list(t.stride())]
+            *tensors,
+            dynamic_dims_sizes=[list(t.shape) for t in tensors],
+            dynamic_dims_strides=[list(t.stride()) for t in tensors],
         )
+
+
+def _is_argument(source: Source) -> bool:
+    """A value passed in the call (`x`, `kwargs['ids']`, `xs[0]`) rather than reached
+    through an object's attributes (a module's parameters): what changes between calls."""
+    while not isinstance(source, LocalSource):
+        if isinstance(source, (AttrSource, ModuleEntrySource)):
+            return False
+        source = getattr(source, "base", None)
+        if source is None:
+            return False
+    return True
 
 
 def _tensor_conditions(g: Guard, scope: GuardScope) -> list[str]:
@@ -128,6 +155,29 @@ def _identity_condition(expr: str, value: Any, scope: GuardScope) -> str:
     return f"___id({expr}) == {address}"
 
 
+def _absent_conditions(g: Guard, scope: GuardScope) -> list[str]:
+    """What the default lookup of `name` consults, as dict lookups: cheaper than a
+    `hasattr` that raises inside, through `Module.__getattr__` or a Python
+    `__getattribute__`, on every call."""
+    name, cls = g.expected
+    e = g.source.expr(scope)
+    conditions = [f"type({e}) is {scope.const(cls, 'T')}"]
+    module = issubclass(cls, torch.nn.Module)
+    for klass in cls.__mro__[:-1]:  # object's dict cannot change
+        names = [name]
+        if not (module and issubclass(torch.nn.Module, klass)):
+            names.append("__getattr__")  # nn.Module's is modelled: its tables below
+        mapping = scope.const(klass.__dict__, "cd")  # a live view of the class's dict
+        conditions.extend(f"{n!r} not in {mapping}" for n in names)
+    if cls.__dictoffset__:
+        instance_dict = attr_source(g.source, "__dict__", cls).expr(scope)
+        conditions.append(f"{name!r} not in {instance_dict}")
+    if module:
+        for table in ("_parameters", "_buffers", "_modules"):
+            conditions.append(f"{name!r} not in {AttrSource(g.source, table).expr(scope)}")
+    return conditions
+
+
 def _no_hooks(g: Guard, scope: GuardScope) -> list[str]:
     e = g.source.expr(scope)
     return [
@@ -156,6 +206,7 @@ _CONDITIONS: dict[GuardKind, Callable[[Guard, GuardScope], list[str]]] = {
     ],
     GuardKind.NO_HOOKS: _no_hooks,
     GuardKind.MISSING_ATTR: lambda g, s: [f"not hasattr({g.source.expr(s)}, {g.expected!r})"],
+    GuardKind.ABSENT_ATTR: _absent_conditions,
     GuardKind.DICT_CONTAINS: lambda g, s: [
         f"({g.expected[0]!r} in {g.source.expr(s)}) is {g.expected[1]}"
     ],
@@ -340,17 +391,28 @@ def build_guard_function(guards: GuardSet, fn: types.FunctionType) -> GuardFunct
             return
         statements.extend(("check", c) for c in fresh)
 
+    def add_tensors(group: list[Guard]) -> None:
+        """One C++ call checks every tensor of the group (one call per tensor costs ~0.1 us
+        each: a model's parameters add up)."""
+        if not group:
+            return
+        conditions = [c for g in group for c in g.conditions(scope)]
+        check = scope.const(tensor_match(*(g.expected for g in group)), "tm")
+        add(conditions, f"{check}.check({', '.join(g.source.expr(scope) for g in group)})")
+
     expansions: dict[str, list[str]] = {}
     origins: list[tuple[str, str]] = []  # size relations and where the trace made them
+    tensors = [g for g in guards if g.kind is GuardKind.TENSOR_MATCH]
+    # the arguments' tensors first: they are what changes from call to call
+    add_tensors([g for g in tensors if _is_argument(g.source)])
     for guard in guards:
-        conditions = guard.conditions(scope)
         if guard.kind is GuardKind.TENSOR_MATCH:
-            check = scope.const(tensor_match(guard.expected), "tm")
-            add(conditions, f"{check}.check({guard.source.expr(scope)})")
             continue
+        conditions = guard.conditions(scope)
         add(conditions)
         if guard.kind is GuardKind.SIZE_RELATION:
             origins.extend((c, guard.expected.where) for c in conditions)
+    add_tensors([g for g in tensors if not _is_argument(g.source)])
     add(_no_aliasing(guards, scope))
     # Factory calls without a dtype (torch.zeros(n)) were traced under this default.
     add([f"___torch.get_default_dtype() is {scope.const(torch.get_default_dtype())}"])

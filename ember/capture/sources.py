@@ -239,6 +239,40 @@ class AttrSource(Source):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class GenericAttrSource(Source):
+    """`object.__getattribute__(base, attr)`: an attribute the trace read past a class's own
+    Python `__getattribute__` (transformers' configs), as the trace read it. The guard reads
+    it so too, in C, instead of running the Python override on every call."""
+
+    base: Source
+    attr: str
+
+    def name(self) -> str:
+        return f"{self.base.name()}.{self.attr}"
+
+    def expr(self, scope: GuardScope) -> str:
+        read = f"{scope.const(object.__getattribute__, 'getattribute')}"
+        return scope.bind(self, f"{read}({self.base.expr(scope)}, {self.attr!r})")
+
+    def emit(self, cg: CodeBuilder) -> None:
+        cg.load_const(object.__getattribute__, push_null=True)
+        self.base.emit(cg)
+        cg.load_const(self.attr)
+        cg.call(2)
+
+
+def attr_source(base: Source, attr: str, cls: type) -> Source:
+    """The source of `obj.attr` found by the default lookup, for an object of class `cls`:
+    read as the default lookup does when `cls` overrides `__getattribute__` in Python."""
+    for klass in cls.__mro__:
+        if "__getattribute__" in klass.__dict__:
+            if klass.__dict__["__getattribute__"] is object.__dict__["__getattribute__"]:
+                break
+            return GenericAttrSource(base, attr)
+    return AttrSource(base, attr)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class ItemSource(Source):
     base: Source
     key: Any

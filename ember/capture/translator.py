@@ -320,6 +320,7 @@ class Translator:
                     ) from exc
                 except MissingAttribute as exc:
                     if self.handled_in_trace():
+                        self._guard_caught(exc)
                         raise TracedRaise(from_missing_attribute(self, exc)) from exc
                     raise
                 except FoldingRaised as exc:
@@ -377,6 +378,15 @@ class Translator:
             raise RestartCapture(host.before, reason)
         self.graph_break = GraphBreak(self.current, reason)
         raise NestedStop(chain)
+
+    def _guard_caught(self, exc: MissingAttribute) -> None:
+        """A handler of the traced code catches this missing attribute: the trace now relies
+        on its absence, which must be guarded like `hasattr`'s."""
+        from ember.capture.values.builtins import guard_missing
+
+        if not exc.guarded and exc.lookup is not None:
+            guard_missing(self, *exc.lookup, exc)
+            exc.guarded = True
 
     def handled_in_trace(self) -> bool:
         """Whether an exception raised now would reach a handler of a traced frame (this

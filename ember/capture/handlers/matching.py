@@ -13,6 +13,7 @@ from __future__ import annotations
 from ember.bytecode import Op
 from ember.capture.handlers import handler
 from ember.capture.values.base import ConstantValue, MissingAttribute, Value
+from ember.capture.values.builtins import guard_missing
 from ember.capture.values.containers import TupleValue
 from ember.errors import BreakReason, Unsupported
 
@@ -73,7 +74,8 @@ def match_class(tx, inst):
             continue
         try:
             values.append(subject.getattr(tx, name))
-        except MissingAttribute:
+        except MissingAttribute as exc:  # the pattern fails: it must go on failing
+            guard_missing(tx, subject, name, exc)
             tx.push(ConstantValue(None))
             return
     tx.push(TupleValue(values))

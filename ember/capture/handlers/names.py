@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ember.bytecode import Op, with_null
 from ember.capture.handlers import handler
-from ember.capture.values.base import NULL, Value
+from ember.capture.values.base import NULL, Value, attribute
 from ember.capture.values.functions import RealCell
 from ember.capture.values.objects import CellValue, SuperValue
 from ember.errors import BreakReason, Unsupported
@@ -26,13 +26,13 @@ def store_global(tx, inst):
 
 @handler(Op.LOAD_ATTR)
 def load_attr(tx, inst):
-    tx.push(tx.pop().getattr(tx, inst.argval))
+    tx.push(attribute(tx, tx.pop(), inst.argval))
 
 
 @handler(Op.LOAD_METHOD)
 def load_method(tx, inst):
     # pushed as a bound method with a NULL, which CPython also accepts from LOAD_METHOD
-    tx.stack.extend(with_null(tx.pop().getattr(tx, inst.argval), NULL))
+    tx.stack.extend(with_null(attribute(tx, tx.pop(), inst.argval), NULL))
 
 
 @handler(Op.LOAD_SUPER_ATTR)

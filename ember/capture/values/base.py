@@ -49,8 +49,26 @@ class MissingAttribute(Unsupported):
     property or `__getattr__` raises). `hasattr` and `getattr` with a default catch exactly
     this; any other exception inside them propagates, as in Python."""
 
-    def __init__(self, detail: str) -> None:
+    def __init__(self, detail: str, missing_on: type | None = None) -> None:
         super().__init__(BreakReason.EXCEPTION_RAISED, f"AttributeError: {detail}")
+        self.missing_on = missing_on
+        """The class whose instance lookup found nothing (raised by the lookup itself)."""
+        self.guarded = False
+        """The absence that raised this is guarded (where it was found): whoever catches it
+        needs no guard of its own."""
+        self.lookup: tuple[Value, str] | None = None
+        """The innermost `obj.name` of the traced code that raised it (LOAD_ATTR, getattr)."""
+
+
+def attribute(tx: Translator, obj: Value, name: str) -> Value:
+    """`obj.name` for the traced code; a MissingAttribute raised says which lookup found
+    nothing (the innermost one), for the guard of a handler that catches it."""
+    try:
+        return obj.getattr(tx, name)
+    except MissingAttribute as exc:
+        if exc.lookup is None:
+            exc.lookup = (obj, name)
+        raise
 
 
 class FoldingRaised(Unsupported):

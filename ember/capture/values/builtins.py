@@ -30,6 +30,7 @@ from ember.capture.values.base import (
     MissingAttribute,
     Value,
     all_constant,
+    attribute,
     from_class_statement,
 )
 from ember.capture.values.containers import (
@@ -193,7 +194,7 @@ def _getattr(tx, args, kwargs):
         except (MissingAttribute, TracedRaise) as exc:
             _catch_attribute_error(tx, exc, args[0], name)
             return args[2]
-    return args[0].getattr(tx, name)
+    return attribute(tx, args[0], name)
 
 
 @handles(hasattr)
@@ -214,13 +215,20 @@ def _catch_attribute_error(
     attribute, or one that traced code raised); any other exception propagates."""
     if isinstance(exc, TracedRaise) and not exc.is_a(AttributeError):
         raise exc
-    _guard_missing(tx, obj, name)
+    guard_missing(tx, obj, name, exc)
 
 
-def _guard_missing(tx: Translator, obj: Value, name: str) -> None:
-    """The trace took the branch for a missing attribute: it must stay missing."""
+def guard_missing(
+    tx: Translator, obj: Value, name: str, exc: MissingAttribute | TracedRaise | None = None
+) -> None:
+    """The trace took the branch for a missing attribute: it must stay missing (unless the
+    lookup that found nothing guarded that already, as dict lookups)."""
     from ember.capture.guards import GuardKind
 
+    if isinstance(exc, TracedRaise):  # made from a missing attribute just now, if guarded
+        exc = exc.__cause__
+    if isinstance(exc, MissingAttribute) and exc.guarded:
+        return
     if obj.source is not None and not isinstance(obj, TensorValue):
         tx.ctx.guards.add(GuardKind.MISSING_ATTR, obj.source, name)
 

@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ember.capture.sources import AttrSource, ConstSource, ItemSource, ModuleEntrySource, Source
+from ember.capture.sources import (
+    AttrSource,
+    ConstSource,
+    ItemSource,
+    ModuleEntrySource,
+    Source,
+    attr_source,
+)
 from ember.capture.values.base import ConstantValue, MissingAttribute, Value
 from ember.capture.values.containers import DictValue
 from ember.capture.values.functions import BoundMethodValue, UserFunctionValue
@@ -45,7 +52,7 @@ def _class_attribute(tx: Translator, owner: Value, cls: type, name: str, source)
         fallback = getattr(cls, "__getattr__", None)
         if isinstance(fallback, types.FunctionType) and not issubclass(cls, torch.nn.Module):
             return UserFunctionValue(fallback).call(tx, [owner, ConstantValue(name)], {})
-        raise MissingAttribute(f"{cls.__name__!r} object has no attribute {name!r}")
+        raise MissingAttribute(f"{cls.__name__!r} object has no attribute {name!r}", cls)
     if isinstance(attr, types.FunctionType):
         return BoundMethodValue(_function_value(attr), owner)
     if isinstance(attr, property) and isinstance(attr.fget, types.FunctionType):
@@ -71,6 +78,21 @@ def _class_attribute(tx: Translator, owner: Value, cls: type, name: str, source)
     if source is None:  # an object made during capture: guard the class attribute instead
         source = ConstSource(cls, cls.__qualname__)
     return tx.ctx.builder.wrap(attr, AttrSource(source, name))
+
+
+def _instance_lookup(tx: Translator, owner: Value, cls: type, name: str, source) -> Value:
+    """The class part of an existing object's attribute lookup (its instance tables had no
+    `name`). Where it finds nothing, the guards keep that so, as dict lookups (an
+    ABSENT_ATTR guard) that a later `hasattr` or `except AttributeError` relies on."""
+    from ember.capture.guards import GuardKind
+
+    try:
+        return _class_attribute(tx, owner, cls, name, source)
+    except MissingAttribute as exc:
+        if exc.missing_on is cls and not exc.guarded and source is not None:
+            tx.ctx.guards.add(GuardKind.ABSENT_ATTR, source, (name, cls))
+            exc.guarded = True
+        raise
 
 
 def _descriptor_value(tx: Translator, klass: type, name: str) -> Value:
@@ -162,7 +184,7 @@ class ModuleValue(Value):
                 return builder.wrap(entries[name], ModuleEntrySource(src, table, name, f".{name}"))
         if name in m.__dict__:
             return builder.wrap(m.__dict__[name], AttrSource(src, name))
-        return _class_attribute(tx, self, type(m), name, src)
+        return _instance_lookup(tx, self, type(m), name, src)
 
     def setattr(self, tx: Translator, name: str, value: Value) -> None:
         tx.ctx.effects.store_attr(self, name, value)
@@ -274,8 +296,9 @@ class UserObjectValue(Value):
             return pending
         instance_dict = getattr(self.obj, "__dict__", {})
         if name in instance_dict and not _is_data_descriptor(self.cls, name):
-            return tx.ctx.builder.wrap(instance_dict[name], AttrSource(self.source, name))
-        return _class_attribute(tx, self, self.cls, name, self.source)
+            source = attr_source(self.source, name, self.cls)
+            return tx.ctx.builder.wrap(instance_dict[name], source)
+        return _instance_lookup(tx, self, self.cls, name, self.source)
 
     def _instance_dict(self, tx: Translator) -> Value:
         """`obj.__dict__`. For an object made during capture, a dict that shares its storage
@@ -288,7 +311,7 @@ class UserObjectValue(Value):
             view = DictValue({})
             view.items = self.attrs
             return view
-        return InstanceDictValue(self, AttrSource(self.source, "__dict__"))
+        return InstanceDictValue(self, attr_source(self.source, "__dict__", self.cls))
 
     def setattr(self, tx: Translator, name: str, value: Value) -> None:
         override = python_override(self.cls, "__setattr__")
@@ -317,9 +340,8 @@ class UserObjectValue(Value):
         pending = tx.ctx.effects.load_attr(self, name)
         if pending is None or name in getattr(self.obj, "__dict__", {}):
             raise Unsupported(BreakReason.SIDE_EFFECT, f"deleting attribute {name!r}")
-        tx.ctx.guards.add(
-            GuardKind.DICT_CONTAINS, AttrSource(self.source, "__dict__"), (name, False)
-        )
+        instance_dict = attr_source(self.source, "__dict__", self.cls)
+        tx.ctx.guards.add(GuardKind.DICT_CONTAINS, instance_dict, (name, False))
         tx.ctx.effects.drop_attr(self, name)
 
     def generic_setattr(self, tx: Translator, name: str, value: Value) -> None:
