@@ -373,12 +373,31 @@ def compile(
         )
     if disable:
         return model
-    opts = CompileOptions(fullgraph, dynamic, backend, mode, options)
-    if isinstance(model, torch.nn.Module):
-        return CompiledModule(model, opts)
     if not callable(model):
         raise TypeError(f"ember.compile expects a callable, got {type(model).__name__}")
-    return compile_function(model, opts)
+    return _compile_callable(model, CompileOptions(fullgraph, dynamic, backend, mode, options))
+
+
+def _compile_callable(fn: Callable[..., Any], opts: CompileOptions) -> Callable[..., Any]:
+    """Any callable torch.compile takes: a module, a function or method, a
+    `functools.partial` (its function compiled, its arguments kept), an object with a
+    Python `__call__` (that method compiled for it), or a builtin such as `torch.sin`
+    (a Python function calling it is compiled)."""
+    if isinstance(fn, torch.nn.Module):
+        return CompiledModule(fn, opts)
+    if isinstance(fn, functools.partial):
+        return functools.partial(_compile_callable(fn.func, opts), *fn.args, **fn.keywords)
+    if isinstance(fn, (types.FunctionType, types.MethodType)):
+        return compile_function(fn, opts)
+    call = type(fn).__call__  # callable(fn) holds
+    if isinstance(call, types.FunctionType):
+        return compile_function(types.MethodType(call, fn), opts)
+
+    def call_builtin(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    call_builtin.__name__ = call_builtin.__qualname__ = getattr(fn, "__name__", "call_builtin")
+    return compile_function(call_builtin, opts)
 
 
 def reset() -> None:

@@ -4,11 +4,13 @@ seed 000's captured graph."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
 
 import pytest
 import torch
+import torch._dynamo.testing
 from torch import nn
 
 import ember
@@ -94,6 +96,58 @@ def test_compile_bound_method():
     x = torch.randn(3)
     assert_same(compiled(x), s.run(x))
     assert counter.frame_count == 1
+
+
+def _shift(shift, x, scale=1.0):
+    return (x + shift) * scale
+
+
+def _seeded_linear():
+    torch.manual_seed(0)
+    return nn.Linear(3, 3)
+
+
+class Doubler:
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, x):
+        self.calls += 1
+        return x * 2
+
+
+@pytest.mark.parametrize(
+    ("make", "count"),
+    [
+        (lambda: functools.partial(_shift, 1.5, scale=2.0), None),
+        (lambda: functools.partial(functools.partial(_shift, 1.5), scale=3.0), None),
+        (Doubler, "calls"),
+        (lambda: torch.sin, None),
+        (lambda: functools.partial(_seeded_linear()), None),
+    ],
+    ids=["partial", "nested partial", "callable object", "builtin", "partial of a module"],
+)
+def test_any_callable_compiles_as_under_torch_compile(make, count):
+    """torch.compile takes any callable: partials, objects with __call__, builtins. Each
+    is one graph under ember, as under Dynamo, and its Python state is eager's."""
+    eager_fn, compiled_fn = make(), make()
+    x = torch.randn(3)
+    counter = CompileCounter()
+    compiled = ember.compile(compiled_fn, backend=counter, fullgraph=True)
+    for _ in range(2):
+        assert_same(compiled(x), eager_fn(x))
+    assert counter.frame_count == 1
+    if count:
+        assert getattr(compiled_fn, count) == getattr(eager_fn, count) == 2
+    dynamo = torch._dynamo.testing.CompileCounter()
+    torch._dynamo.reset()
+    torch.compile(make(), backend=dynamo, fullgraph=True)(x)
+    assert dynamo.frame_count == counter.frame_count
+
+
+def test_compile_refuses_what_is_not_callable():
+    with pytest.raises(TypeError, match="expects a callable, got int"):
+        ember.compile(3)
 
 
 class Net(nn.Module):
