@@ -258,8 +258,13 @@ def _output_spec(
             "the compiled graph returns a symbolic size",
             hint="return tensors (or compile with dynamic=False)",
         )
+    if isinstance(leaf, torch.Tensor) and leaf.is_meta and not tracer.aliases.known(leaf):
+        raise TraceError(
+            BreakReason.TENSOR_OP_FAILED,
+            "the compiled graph returns a tensor made on the meta device outside any traced op",
+        )
     if not isinstance(leaf, torch.Tensor) or not tracer.aliases.known(leaf):
-        return OutputSpec(OutKind.CONSTANT, value=leaf)  # incl. real tensors returned as-is
+        return OutputSpec(OutKind.CONSTANT, value=leaf)  # incl. the gm's own tensors as-is
     root = tracer.aliases.root_of(leaf)
     chain = tuple(tracer.aliases.view_chain(leaf))
     for i, f in enumerate(fakes):

@@ -95,15 +95,38 @@ class _Recorder(TorchDispatchMode):
         return self.tracer.dispatch(func, args, kwargs or {})
 
 
-class _ListIndices(TorchFunctionMode):
-    """`x[[0, 2]]`: CPython turns a list index into an index tensor made directly on x's
-    device, which for a meta tensor keeps no values. The list is made a tensor here first,
-    through `torch.tensor`, which the recorder sees as a constant of the graph."""
+class _PythonData(TorchFunctionMode):
+    """Python data that PyTorch turns into a tensor directly on a traced tensor's device,
+    without an aten op, keeps no values on a meta tensor: `x[[0, 2]]` (CPython makes the
+    list an index tensor) and `x.new_tensor([1, 2])`. Such data is made a real tensor here
+    first, on the graph's device, which the recorder sees as a constant of the graph."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__()
+        self.device = device
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
         if func in _INDEXING and len(args) > 1:
             args = (args[0], _index_tensors(args[1]), *args[2:])
-        return func(*args, **(kwargs or {}))
+        elif func is torch.Tensor.new_tensor and len(args) > 1 and args[0].is_meta:
+            if not any(isinstance(leaf, torch.Tensor) for leaf in _leaves(args[1])):
+                return self._new_tensor(args[0], args[1], **kwargs)
+        return func(*args, **kwargs)
+
+    def _new_tensor(
+        self,
+        like: torch.Tensor,
+        data: Any,
+        dtype: torch.dtype | None = None,
+        device: Any = None,
+        requires_grad: bool = False,
+        **layout: Any,
+    ) -> torch.Tensor:
+        if device is None or torch.device(device).type == "meta":
+            device = self.device
+        dtype = dtype or like.dtype
+        return torch.tensor(data, dtype=dtype, device=device, requires_grad=requires_grad, **layout)
 
 
 _INDEXING = frozenset([torch.Tensor.__getitem__, torch.Tensor.__setitem__])
@@ -251,7 +274,7 @@ class Tracer:
             symbolic or contextlib.nullcontext(),
             _Recorder(self),
             by_device,
-            _ListIndices(),
+            _PythonData(self.device),
         ):
             yield
 
@@ -509,8 +532,16 @@ _SYM_OPS: dict[Any, Callable[[Any, Any], Any]] = {
 }
 
 
+def _lift_fresh(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
+    """`torch.tensor(data)` hands its new tensor to `lift_fresh`, which returns it as is; in
+    the graph that tensor is a constant, so a copy of it is what eager's new tensor is (a
+    graph returning the constant itself would return one object on every call)."""
+    return tracer.dispatch(aten.lift_fresh_copy.default, args, kwargs)
+
+
 SpecialRule = Callable[[Tracer, Any, tuple, dict], Any]
 _SPECIAL: dict[Any, SpecialRule] = {
+    aten.lift_fresh.default: _lift_fresh,
     aten.native_batch_norm.default: _native_batch_norm,
     aten.convolution.default: convolution.convolution,
     aten.convolution_backward.default: convolution.convolution_backward,

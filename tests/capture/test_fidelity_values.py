@@ -8,6 +8,9 @@ import pytest
 import torch
 from fidelity_harness import check, tensors
 
+import ember
+from ember.testing import assert_same
+
 # in-place methods and no-op conversions return the same tensor object
 
 
@@ -247,3 +250,37 @@ def p_set_argument_and_results_keep_pythons_order(x, s):
 
 def test_set_order_of_arguments_and_results():
     check(p_set_argument_and_results_keep_pythons_order, _set_with_history)
+
+
+# tensors made from Python data inside the graph
+
+
+def p_new_tensor_returned(x):
+    return x.new_tensor([1, 2]), x.new_tensor(3.0, dtype=torch.float64)
+
+
+def p_new_tensor_in_ops(x):
+    return x.new_tensor([1.0, 2.0, 3.0, 4.0]) * x, x.new_tensor(2.0) + x
+
+
+def p_tensor_literal_returned(x):
+    return torch.tensor([1, 2]), torch.tensor(3.0) * x
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "ember"])
+@pytest.mark.parametrize(
+    "fn",
+    [p_new_tensor_returned, p_new_tensor_in_ops, p_tensor_literal_returned],
+    ids=lambda f: f.__name__.removeprefix("p_"),
+)
+def test_tensors_from_python_data(fn, backend):
+    """`x.new_tensor(data)` in the aot trace made a meta tensor with no values (returned to
+    the user as a meta tensor, or "a tensor reached an aten op without being an input"), and
+    a returned `torch.tensor(data)` was one object shared by every call."""
+    check(fn, tensors((3, 4)), backend=backend)
+    compiled = ember.compile(fn, backend=backend)
+    x = torch.randn(3, 4)
+    first = compiled(x)[0]
+    assert first.device == x.device
+    first.add_(10)  # the caller owns what it got: the next call is not affected
+    assert_same(compiled(x)[0], fn(x)[0])
