@@ -613,3 +613,65 @@ def test_exc_info_outside_a_handler_is_traced_and_guarded():
         inside = compiled(torch.ones(2))
         assert inside[1] is KeyError and inside[2] is exc
     assert compiled(torch.ones(2))[1] is None
+
+
+# generator.send
+
+
+def _accumulating(x):
+    total = x * 0
+    for i in range(3):
+        sent = yield total
+        total = total + sent * i
+    return total
+
+
+def p_send_values_into_a_generator(x):
+    gen = _accumulating(x)
+    return next(gen), gen.send(x), gen.send(2.0)
+
+
+def p_send_none_starts_a_generator(x):
+    gen = _accumulating(x)
+    return gen.send(None), gen.send(x + 1)
+
+
+def p_send_to_a_just_started_generator_raises(x):
+    gen = _accumulating(x)
+    try:
+        gen.send(3)
+    except TypeError as e:
+        return x + 1, str(e)
+    return x
+
+
+def p_send_past_the_end(x):
+    gen = _accumulating(x)
+    next(gen)
+    gen.send(1.0)
+    gen.send(1.0)
+    try:
+        gen.send(x)
+    except StopIteration as e:
+        return e.value * 2
+    return x
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        p_send_values_into_a_generator,
+        p_send_none_starts_a_generator,
+        p_send_to_a_just_started_generator_raises,
+        p_send_past_the_end,
+    ],
+    ids=lambda f: f.__name__.removeprefix("p_"),
+)
+def test_generator_send(fn):
+    """`gen.send(v)` resumes the traced frame with v as its `yield`'s value (it raised
+    "'tuple_iterator' object has no attribute 'send'": the generator was computed ahead
+    at the break and rebuilt as a tuple iterator). Each is one graph; the TypeError and
+    the StopIteration are raised and caught in the trace. (Dynamo fails on the last one:
+    "unsupported operand type(s) for *: 'NoneType' and 'int'", it sends None.)"""
+    counts = check(fn, tensors((3, 4)), dynamo=fn is not p_send_past_the_end)
+    assert (counts.graphs, counts.breaks, counts.eager_frames) == (1, 0, 0)

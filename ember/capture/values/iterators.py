@@ -352,6 +352,32 @@ class GeneratorIterator(LazyIterator):
             return super().reconstruct(em)
         raise GeneratorNotRebuilt(self)
 
+    def getattr(self, tx: Translator, name: str) -> Value:
+        from ember.capture.values.functions import MethodValue
+
+        if name == "send":
+            return MethodValue(self, name)
+        return super().getattr(tx, name)
+
+    def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
+        """`gen.send(value)`: the frame resumes with `value` as what its `yield` evaluates
+        to (YIELD_VALUE left None there), and runs to its next yield."""
+        if name != "send" or len(args) != 1 or kwargs:
+            raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"generator.{name}() here")
+        (value,) = args
+        started = bool(self.items)
+        if self.position < len(self.items):
+            raise Unsupported(BreakReason.UNSUPPORTED_CALL, "send() to a generator pulled ahead")
+        if not started and not (value.is_constant() and value.as_constant() is None):
+            message = "can't send non-None value to a just-started generator"
+            _raise(tx, TypeError, [ConstantValue(message)])
+        if started and not self.exhausted:
+            self.frame.stack[-1] = value
+        item = self.next(tx)
+        if item is None:
+            _raise(tx, StopIteration, [self.returned or ConstantValue(None)])
+        return item
+
     def pull(self, tx: Translator) -> Value | None:
         try:
             self.returned = self.frame.run()
@@ -361,6 +387,18 @@ class GeneratorIterator(LazyIterator):
             self.exhausted = True
             raise
         return None
+
+
+def _raise(tx: Translator, cls: type[BaseException], args: list[Value]) -> None:
+    """Raise `cls(*args)` in the traced code when a handler there catches it; else break
+    there (CPython raises it)."""
+    from ember.capture.values.exceptions import ExceptionValue, TracedRaise
+
+    if tx.handled_in_trace():
+        exc = ExceptionValue(cls, args)
+        exc.init_builtin(args, {})
+        raise TracedRaise(exc)
+    raise Unsupported(BreakReason.EXCEPTION_RAISED, f"{cls.__name__} from generator.send()")
 
 
 class ChainIterator(LazyIterator):
