@@ -95,7 +95,7 @@ class CodeBuilder:
 
     def load_free_cell(self, name: str) -> None:
         """Push the cell object of a free variable of the running code (its closure's)."""
-        self.emit("LOAD_CLOSURE", FreeVar(name))
+        self.emit(THIS.cell_object_load, FreeVar(name))
 
     def _cell(self, name: str) -> CellVar | FreeVar:
         return CellVar(name) if name in self._cells else FreeVar(name)

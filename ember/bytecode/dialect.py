@@ -52,6 +52,9 @@ class Dialect:
     RETURN_GENERATOR's push instead)."""
     min_stack_size: int
     """3.13 gives every frame a stack of at least one slot (`def f(): pass` too)."""
+    cell_object_load: str
+    """The instruction that pushes a free variable's cell object (for a closure tuple):
+    LOAD_CLOSURE; on 3.13 that is a pseudo-instruction the compiler turns into LOAD_FAST."""
 
 
 _PY311 = Dialect(
@@ -69,6 +72,7 @@ _PY311 = Dialect(
     merged_locations=False,
     generator_start_depth=1,
     min_stack_size=0,
+    cell_object_load="LOAD_CLOSURE",
 )
 _PY312 = dataclasses.replace(
     _PY311,
@@ -91,6 +95,7 @@ _PY313 = dataclasses.replace(
     for_iter_skips=2,
     generator_start_depth=0,
     min_stack_size=1,
+    cell_object_load="LOAD_FAST",
 )
 DIALECTS = {(3, 11): _PY311, (3, 12): _PY312, (3, 13): _PY313}
 """Each version's row, written as what changed since the one before."""
