@@ -210,3 +210,29 @@ def test_fullgraph_raises_at_the_recompile_limit():
             compiled(torch.ones(2), 3)
     assert info.value.reason is BreakReason.RECOMPILE_LIMIT
     assert ember.stats()["eager_frames"] == 0
+
+
+def p_autograd_grad_inside(x):
+    w = LAYERS[0].weight
+    y = (LAYERS[0](x) * 2).sum()
+    (gw,) = torch.autograd.grad(y, w)
+    return gw * 3, y.detach()
+
+
+def p_autograd_backward_inside(x):
+    x = x.detach().requires_grad_()
+    y = (x.sin() * 2).sum()
+    torch.autograd.backward(y)
+    return x.grad * 3
+
+
+@pytest.mark.parametrize(
+    "fn", [p_autograd_grad_inside, p_autograd_backward_inside], ids=lambda f: f.__name__[2:]
+)
+def test_autograd_engine_calls_break_and_run_in_python(fn):
+    """`torch.autograd.grad`/`backward` inside a compiled function: ember traced into them
+    and on into torch.overrides' mode stack juggling, then raised "trying to pop from empty
+    mode stack". They break and run in Python, as under Dynamo."""
+    LAYERS.zero_grad()
+    counts = check(fn, tensors((2, 4)))
+    assert counts.eager_frames == 0

@@ -50,10 +50,11 @@ def disable(fn: Callable[..., Any] | None = None, recursive: bool = True) -> Any
     return fn
 
 
-PYTHON_ONLY_MODULES = frozenset(["logging"])
+PYTHON_ONLY_MODULES = frozenset(["logging", "torch.autograd", "torch.overrides"])
 """Modules whose functions are never captured (torch.compile skips them too): calls break,
 and the functions run in plain Python at the break (logging's handlers do I/O, and its
-loggers cache levels through exceptions)."""
+loggers cache levels through exceptions; `torch.autograd.grad`/`backward` run the autograd
+engine; torch.overrides pops and pushes the thread's torch function modes)."""
 
 
 AUTOCAST_MODULES = frozenset(
