@@ -520,9 +520,9 @@ def test_mobilenet_block_channels_last(dtype, wrapper_calls):
 
 
 def test_conv_layout_charges_leaving_the_arriving_layout(monkeypatch, wrapper_calls):
-    """The choice charges the layout the input does not arrive in with two input copies
-    (in and back out): a 1x1 convolution whose NCHW call is 10% faster than its
-    channels-last one, by less than those copies, stays channels-last after a
+    """One layout per group of convolutions joined by layout-following ops, chosen on the
+    group's summed times plus a copy of the input entering it: a 1x1 convolution whose
+    NCHW call is 10% faster than its channels-last one stays channels-last after a
     channels-last convolution instead of flipping the layout (timings injected: the test
     asserts the rule, not the machine)."""
     from ember.backend.lowering import layout
