@@ -145,5 +145,6 @@ def _model_step(name: str, infer: bool) -> Any:
 
     return step
 
+
 if __name__ == "__main__":
     main()
