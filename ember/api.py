@@ -227,7 +227,11 @@ def compile_function(fn: Callable[..., Any], opts: CompileOptions) -> Callable[.
                 return original(*args, **kwargs)
             grad_mode = torch.is_grad_enabled()
             try:
-                for entry in entries:
+                # newest first, as Dynamo prepends its entries: a recompile is made for the
+                # calls that come next (transformers sets config.problem_type on the first
+                # call with labels); oldest first, every call of a model paid the stale
+                # entry's failing guard (resnet inference 1.30 -> 0.96 ms, one thread)
+                for entry in reversed(entries):
                     if entry.guard.check(*args, **kwargs):
                         return entry.fn(*args, **kwargs)
                 return _run_cached(original, opts, cache, args, kwargs)
@@ -258,7 +262,7 @@ def _closure_wrapper(
             return original(*args, **kwargs)
         grad_mode = torch.is_grad_enabled()
         try:
-            for entry in entries:
+            for entry in reversed(entries):
                 pair = bound.get(entry)
                 if pair is None:
                     pair = bound[entry] = frame_cache.bind_to_closure(entry, original)
