@@ -255,7 +255,7 @@ def _closure_lookup(
     bound: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def find(args: tuple, kwargs: dict) -> Callable[..., Any] | None:
-        for entry in entries:
+        for entry in reversed(entries):  # newest first: made for the calls that come next
             pair = bound.get(entry)
             if pair is None:
                 pair = bound[entry] = frame_cache.bind_to_closure(entry, original)

@@ -1,5 +1,7 @@
-"""The per-code-object cache: entries of (guard function, replacement function), tried in
-order. A miss captures anew; past the recompile limit the code runs eagerly from then on.
+"""The per-code-object cache: entries of (guard function, replacement function), kept in
+the order they were made; a call tries the entry that matched last first (`lookup`), a
+closure's wrapper the newest first (Dynamo's order). A miss captures anew; past the
+recompile limit the code runs eagerly from then on.
 
 Ownership: a compiled function (the wrapper `ember.compile` returns, or one that break code
 calls) owns its `FrameCache`; wrappers of the same code with the same options share it

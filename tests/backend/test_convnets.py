@@ -520,9 +520,9 @@ def test_mobilenet_block_channels_last(dtype, wrapper_calls):
 
 
 def test_conv_layout_charges_leaving_the_arriving_layout(monkeypatch, wrapper_calls):
-    """The choice charges the layout the input does not arrive in with two input copies
-    (in and back out): a 1x1 convolution whose NCHW call is 10% faster than its
-    channels-last one, by less than those copies, stays channels-last after a
+    """One layout per group of convolutions joined by layout-following ops, chosen on the
+    group's summed times plus a copy of the input entering it: a 1x1 convolution whose
+    NCHW call is 10% faster than its channels-last one stays channels-last after a
     channels-last convolution instead of flipping the layout (timings injected: the test
     asserts the rule, not the machine)."""
     from ember.backend.lowering import layout
@@ -539,3 +539,41 @@ def test_conv_layout_charges_leaving_the_arriving_layout(monkeypatch, wrapper_ca
         _eval_matches(nn.Sequential(model, nn.ReLU()), torch.randn(2, 3, 10, 10))
     if _eager_returns_channels_last(torch.float32):
         assert wrapper_calls["conv_inputs"] == ["channels_last"] * 2
+
+
+@pytest.mark.parametrize("stem_cl", [0.55, 0.9])
+def test_conv_layout_is_one_choice_per_group(monkeypatch, wrapper_calls, stem_cl, tmp_path):
+    """The convolutions of a conv-BN-ReLU6 chain take one layout, chosen on their summed
+    times plus one copy of the graph input: with a stem and a 1x1 convolution a little
+    slower channels-last and a 3x3 one much faster, the whole chain runs channels-last
+    (one at a time, the stem stayed NCHW, the 1x1 after it too, and the 3x3 alone paid a
+    conversion); with a stem much slower channels-last, the whole chain stays NCHW
+    (timings injected: the test asserts the rule, not the machine)."""
+    from ember.backend.lowering import layout
+
+    def times(x_shape, w_shape, *rest):
+        if x_shape[1] == 3:  # the stem
+            return (stem_cl, 0.5, 0.1)
+        return (0.3, 0.28, 0.1) if w_shape[-1] == 1 else (0.4, 0.7, 0.1)
+
+    monkeypatch.setattr(layout, "_times", times)
+    torch.manual_seed(0)
+    model = _eval_model(
+        nn.Sequential(
+            nn.Conv2d(3, 8, 3),
+            nn.BatchNorm2d(8),
+            nn.ReLU6(),
+            nn.Conv2d(8, 8, 1),
+            nn.BatchNorm2d(8),
+            nn.ReLU6(),
+            nn.Conv2d(8, 8, 3, padding=1),
+            nn.BatchNorm2d(8),
+        )
+    )
+    # a graph cache of its own: the cached graph of the other timings holds their choice
+    with config.patch(cache_dir=str(tmp_path)), torch.no_grad():
+        _eval_matches(nn.Sequential(model, nn.ReLU()), torch.randn(2, 3, 10, 10))
+    if _eager_returns_channels_last(torch.float32):
+        want = "channels_last" if stem_cl < 0.6 else "nchw"
+        assert wrapper_calls["conv_inputs"] == [want] * 3
+        assert wrapper_calls["copies"] == 0

@@ -5,15 +5,15 @@ oneDNN convolves a channels-last (NHWC) tensor with its direct kernels; given NC
 other, mostly slower ones (bench/convnets.py's shapes: 0.86 vs 3.7 ms for a 3-channel stem,
 1.7 vs 2.0 ms for 32 channels at 32x32, one thread; notes/backend.md). Eager keeps the
 model's layout; Inductor turns every convolution of a CPU graph channels-last. ember
-decides per convolution, as it chooses between GEMM libraries (gemm.py): each shape is
-timed once per process in both layouts (the two calls alternated, best of a few each) and
-channels-last kept where it wins by a margin. The layout the input arrives in is charged
-nothing and the other one two conversion copies of the input (timed with the calls: one in,
-one back out where the next convolution returns to the layout): on the small 1x1
-convolutions of a MobileNetV2 both layouts take the same few microseconds, and a choice by
-the calls alone flipped layouts back and forth between convolutions, each flip a
-transposing copy that cost more than the convolution. The choice lands in the generated
-code, so the graph cache keeps it, as it keeps the GEMM choice.
+decides per group of convolutions joined through layout-following ops (a chain of
+conv-BN-ReLU-pad-conv, residual adds included), as it chooses between GEMM libraries
+(gemm.py): each shape is timed once per process in both layouts (runs of calls, the
+layouts alternated, best of a few runs each), and the group goes channels-last where the
+sum of its convolutions' times, plus one conversion copy of each input that enters the
+group in eager's layout, wins by a margin. One layout per group: chosen per convolution,
+a chain of tiny ones flipped layouts (each flip a transposing copy that cost more than
+the convolution), or stayed in the layout the first one took. The choice lands in the
+generated code, so the graph cache keeps it, as it keeps the GEMM choice.
 
 `plan` names the fx nodes whose results are kept channels-last: a convolution chosen so,
 every node that follows the layout of its input (pointwise ops, eval batch norm, pooling,
@@ -53,9 +53,12 @@ from ember.backend.lowering.values import BufferValue, LazyValue, Value
 aten = torch.ops.aten
 
 MARGIN = 0.97  # channels-last must take at most this share of the other layout's time
-ROUNDS = 5  # timed calls of each layout, alternated; the best of each counts
-COPIES = 2  # layout copies charged to the layout the input does not arrive in
-BUDGET_S = 0.025  # timing per shape beyond the first calls: fewer rounds (at least 3) if over
+ROUNDS = 5  # timed runs of each layout, alternated; the best of each counts
+RUN = 8  # consecutive calls in a run (fewer where the budget is short)
+# input copies charged to channels-last per convolution whose input enters its group in
+# eager's layout (the conversion in; a group has no way back inside it)
+COPIES = 1
+BUDGET_S = 0.025  # timing per shape beyond the first calls: shorter runs, then fewer rounds
 
 _POOLS = (aten.max_pool2d_with_indices.default, aten.avg_pool2d.default)
 # per-element ops that are not tagged pointwise but write any layout alike
@@ -80,13 +83,19 @@ def plan(gm: torch.fx.GraphModule, returned: Callable[[torch.fx.Node], bool]) ->
     if mode == "eager" or not convolutions:
         return kept
     nodes = [n for n in gm.graph.nodes if n.op == "call_function" and not returned(n)]
+    candidates = [
+        n
+        for n in convolutions
+        if not returned(n)
+        and _restrided(n.meta.get("val")) is not None
+        and all(map(_carries, n.users))
+        and _library_keeps(n)
+    ]
+    chosen = set(candidates) if mode == "channels_last" else _chosen(candidates)
     for node in nodes:
         if node.target is aten.convolution.default:
-            new = _restrided(node.meta.get("val"))
-            if new is None or not all(map(_carries, node.users)) or not _library_keeps(node):
-                continue
-            if mode == "channels_last" or _faster(node, node.args[0] in kept):
-                kept[node] = new
+            if node in chosen:
+                kept[node] = _restrided(node.meta.get("val"))
         elif (node.target is operator.getitem or _follows(node)) and any(
             a in kept for a in node.all_input_nodes
         ):
@@ -175,46 +184,130 @@ def _library_keeps(node: torch.fx.Node) -> bool:
     return fmt == torch.channels_last
 
 
-def _faster(node: torch.fx.Node, arrives: bool) -> bool:
-    """Whether this convolution runs channels-last (timed once per shape and thread count);
-    `arrives`: its input is channels-last already. The choice is logged."""
+def _chosen(candidates: list[torch.fx.Node]) -> set[torch.fx.Node]:
+    """The convolutions run channels-last: one choice per group of convolutions joined
+    through layout-following nodes (a convolution feeding another through batch norm,
+    ReLU, padding, a residual add...), made on the group's summed times.
+
+    Chosen one by one (each against the layout its input arrives in), a chain of tiny
+    convolutions stayed in whatever layout the first took: on transformers' ResNet,
+    RegNet and MobileNetV2 (batch 2, 32x32) the stem was a few microseconds faster NCHW,
+    the 1x1 convolutions after it too, and then every 3x3 one ran NCHW though 10-40%
+    slower so; the group's sum has the 3x3 ones outweigh the rest, as Inductor's
+    all-channels-last plan does. A group's input conversions (a convolution whose input
+    comes from outside the group, e.g. the graph input) are charged to channels-last; the
+    way out of a group is a returned value (written in eager's layout by its kernel) or a
+    small pooled one, so it is not charged."""
+    parent = {c: c for c in candidates}
+
+    def find(c: torch.fx.Node) -> torch.fx.Node:
+        while parent[c] is not c:
+            parent[c] = parent[parent[c]]
+            c = parent[c]
+        return c
+
+    entry = {}
+    for c in candidates:
+        sources = _sources(c.args[0], parent)
+        for s in sources:
+            parent[find(s)] = find(c)
+        entry[c] = not sources
+    groups: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for c in candidates:
+        groups.setdefault(find(c), []).append(c)
+    chosen: set[torch.fx.Node] = set()
+    for members in groups.values():
+        if _group_faster(members, entry):
+            chosen.update(members)
+    return chosen
+
+
+def _sources(node: Any, convs: dict) -> set[torch.fx.Node]:
+    """The convolutions among `convs` whose results reach `node` through layout-following
+    nodes only (empty where the value comes from elsewhere, e.g. a graph input)."""
+    found: set[torch.fx.Node] = set()
+    seen: set[torch.fx.Node] = set()
+    todo = [node] if isinstance(node, torch.fx.Node) else []
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n in convs:
+            found.add(n)
+        elif n.target is operator.getitem or _follows(n):
+            todo.extend(n.all_input_nodes)
+    return found
+
+
+def _group_faster(members: list[torch.fx.Node], entry: dict) -> bool:
+    """Whether a group of convolutions runs channels-last (each shape timed once per
+    process and thread count); `entry[c]`: c's input comes from outside the group, in
+    eager's layout, so channels-last pays its copies. Each convolution's times and the
+    group's choice are logged."""
+    times = {c: _conv_times(c) for c in members}
+    if any(t is None for t in times.values()):
+        return False
+    cl = sum(t[0] + (COPIES * t[2] if entry[c] else 0.0) for c, t in times.items())
+    other = sum(t[1] for t in times.values())
+    chosen = cl <= other * MARGIN
+    verdict = "channels-last" if chosen else "NCHW"
+    for c, (c_cl, c_other, copy) in times.items():
+        x, w = (c.args[i].meta["val"] for i in (0, 1))
+        logs.log(
+            "kernels",
+            "convolution %s * %s %s (%s, %d threads): channels-last %.3f ms, NCHW %.3f ms, "
+            "input layout copy %.3f ms%s -> %s",
+            tuple(x.shape),
+            tuple(w.shape),
+            _params(c),
+            x.dtype,
+            torch.get_num_threads(),
+            c_cl * 1e3,
+            c_other * 1e3,
+            copy * 1e3,
+            "" if entry[c] else " (input from the group)",
+            verdict,
+        )
+    if len(members) > 1:
+        logs.log(
+            "kernels",
+            "%d convolutions joined by layout-following ops: channels-last %.3f ms "
+            "(with input copies), NCHW %.3f ms -> %s",
+            len(members),
+            cl * 1e3,
+            other * 1e3,
+            verdict,
+        )
+    return chosen
+
+
+def _params(node: torch.fx.Node) -> tuple:
+    return tuple(tuple(p) if isinstance(p, list | tuple) else p for p in node.args[3:9])
+
+
+def _conv_times(node: torch.fx.Node) -> tuple[float, float, float] | None:
+    """(channels-last, NCHW, input copy) seconds of one convolution call (`_times`), or
+    None for symbolic sizes."""
     x, w = (node.args[i].meta["val"] for i in (0, 1))
     bias = node.args[2].meta["val"] if isinstance(node.args[2], torch.fx.Node) else None
     if not all(isinstance(s, int) for s in (*x.shape, *w.shape)):
-        return False
-    params = tuple(tuple(p) if isinstance(p, list | tuple) else p for p in node.args[3:9])
+        return None
     b_shape = tuple(bias.shape) if bias is not None else None
     threads = torch.get_num_threads()
-    cl, other, copy = _times(tuple(x.shape), tuple(w.shape), b_shape, params, x.dtype, threads)
-    # leaving the arriving layout costs the input's copy, and the copy back where the next
-    # convolution returns to it (ember's conversion kernels are slower than aten's copy)
-    leave = COPIES * copy
-    chosen = cl <= (other + leave) / MARGIN if arrives else cl + leave <= other * MARGIN
-    logs.log(
-        "kernels",
-        "convolution %s * %s %s (%s, %d threads): channels-last %.3f ms, NCHW %.3f ms, "
-        "input layout copy %.3f ms%s -> %s",
-        tuple(x.shape),
-        tuple(w.shape),
-        params,
-        x.dtype,
-        threads,
-        cl * 1e3,
-        other * 1e3,
-        copy * 1e3,
-        " (input arrives channels-last)" if arrives else "",
-        "channels-last" if chosen else "NCHW",
-    )
-    return chosen
+    return _times(tuple(x.shape), tuple(w.shape), b_shape, _params(node), x.dtype, threads)
 
 
 @functools.cache
 def _times(x_shape, w_shape, b_shape, params, dtype, threads) -> tuple[float, float, float]:
-    """(channels-last, NCHW) seconds of one convolution, the best of a few calls each on random
-    data, and of copying its input from one layout into the other. With one thread the
-    clock is the thread's CPU time: on a shared machine wall-clock minima of a few calls
-    still swing by 3x with preemption (measured under load 8 on 2 cores: 1.7 vs 6.0 ms for
-    the same call), CPU time by a few percent."""
+    """(channels-last, NCHW) seconds of one convolution call on random data, and of copying
+    its input from one layout into the other. Each round times a run of a few consecutive
+    calls of one layout (the best round's mean counts): single calls alternating between
+    the layouts made oneDNN's channels-last 1x1 convolutions look 20-50% slower than in a
+    run of them, as a network calls them (0.043 vs 0.028 ms for (2, 16, 8, 8) * (4, 16, 1,
+    1), one thread). With one thread the clock is the thread's CPU time: on a shared
+    machine wall-clock minima of a few calls still swing by 3x with preemption (measured
+    under load 8 on 2 cores: 1.7 vs 6.0 ms for the same call), CPU time by a few percent."""
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(x_shape, generator=gen).to(dtype)
     w = torch.randn(w_shape, generator=gen).to(dtype)
@@ -223,18 +316,21 @@ def _times(x_shape, w_shape, b_shape, params, dtype, threads) -> tuple[float, fl
     best = dict.fromkeys(inputs, math.inf)
     clock = time.thread_time if threads == 1 else time.perf_counter
     with torch.no_grad():
-        spent = {}
-        for k, t in inputs.items():  # first calls: allocation, oneDNN's primitive creation
+        spent = 0.0
+        for t in inputs.values():  # first calls: allocation, oneDNN's primitive creation
+            aten.convolution.default(t, w, b, *params)
             start = clock()
             aten.convolution.default(t, w, b, *params)
-            spent[k] = clock() - start
-        rounds = max(3, min(ROUNDS, int(BUDGET_S / sum(spent.values()))))
+            spent += clock() - start
+        reps = max(1, min(RUN, int(BUDGET_S / (ROUNDS * max(spent, 1e-6)))))
+        rounds = ROUNDS if reps > 1 else max(3, min(ROUNDS, int(BUDGET_S / max(spent, 1e-6))))
         copy = math.inf
         for _ in range(rounds):
             for k, t in inputs.items():
                 start = clock()
-                aten.convolution.default(t, w, b, *params)
-                best[k] = min(best[k], clock() - start)
+                for _ in range(reps):
+                    aten.convolution.default(t, w, b, *params)
+                best[k] = min(best[k], (clock() - start) / reps)
             start = clock()
             x.contiguous(memory_format=torch.channels_last)
             copy = min(copy, clock() - start)
