@@ -425,3 +425,21 @@ def test_a_generator_that_cannot_be_rebuilt_ends_the_graph_where_it_is_made():
     assert "generator generator_with_prints_across_a_break.<locals>.gen is made here" in reason
     assert "alive at the graph break at" in reason
     assert "test_fidelity_rebuild.py:" in reason
+
+
+def p_builtin_method_of_a_c_object(x):
+    import random
+
+    r = random.Random(0)
+    a = r.random()  # the bound C method is alive at the break (its call breaks)
+    return x * a, a
+
+
+def test_a_builtin_method_alive_at_a_break_is_rebuilt():
+    """`obj.method()` of a C object ember cannot call: LOAD_METHOD made a builtin method in
+    the trace and its call breaks, so break code rebuilds it (`descriptor.__get__(obj)`).
+    Before, the frame ran eagerly ("cannot be rebuilt after the graph"). Not compared with
+    Dynamo: it models random.Random and makes no break here (ember: 2)."""
+    counts = check(p_builtin_method_of_a_c_object, tensors((3,)), dynamo=False)
+    assert counts.eager_frames == 0
+    assert counts.graphs == 1

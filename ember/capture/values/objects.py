@@ -133,6 +133,16 @@ class BuiltinMethodValue(Value):
     def describe(self) -> str:
         return f"builtin method {self.descriptor.__qualname__}"
 
+    def reconstruct(self, em: Emitter) -> None:
+        """After a break (the method loaded, its call the unsupported instruction): the
+        descriptor bound to the rebuilt owner, `descriptor.__get__(owner)`, which is the
+        method the trace found even where `owner.name` would now find an override."""
+        if not hasattr(self.descriptor, "__get__"):
+            return super().reconstruct(em)
+        em.cg.load_const(self.descriptor.__get__, push_null=True)
+        em.reconstruct(self.owner)
+        em.cg.call(1)
+
     def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
         d, owner = self.descriptor, self.owner
         if d is object.__init__ and not args and not kwargs:
