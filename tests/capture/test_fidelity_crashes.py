@@ -236,3 +236,30 @@ def test_autograd_engine_calls_break_and_run_in_python(fn):
     LAYERS.zero_grad()
     counts = check(fn, tensors((2, 4)))
     assert counts.eager_frames == 0
+
+
+def test_an_optimizer_step_inside_runs_no_frame_eagerly():
+    """`opt.step()` inside a compiled function: its `record_function` block (the profiler's
+    `with torch._C.DisableTorchFunctionSubclass()`) made a resume function run eagerly.
+    The profiler runs in Python at a break; the steps equal eager's."""
+
+    def make():
+        torch.manual_seed(0)
+        net = nn.Linear(4, 3)
+        return net, torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+
+    def step(net, opt, x):
+        opt.zero_grad()
+        loss = net(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    ember.reset()
+    (net, opt), (net_c, opt_c) = make(), make()
+    compiled = ember.compile(step)
+    x = torch.randn(5, 4)
+    for _ in range(3):
+        assert_same(compiled(net_c, opt_c, x), step(net, opt, x), rtol=1e-5, atol=1e-6)
+    assert_same(net_c.weight, net.weight, rtol=1e-5, atol=1e-6)
+    assert ember.stats()["eager_frames"] == 0

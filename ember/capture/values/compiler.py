@@ -50,11 +50,14 @@ def disable(fn: Callable[..., Any] | None = None, recursive: bool = True) -> Any
     return fn
 
 
-PYTHON_ONLY_MODULES = frozenset(["logging", "torch.autograd", "torch.overrides"])
+PYTHON_ONLY_MODULES = frozenset(
+    ["logging", "torch.autograd", "torch.autograd.profiler", "torch.overrides"]
+)
 """Modules whose functions are never captured (torch.compile skips them too): calls break,
 and the functions run in plain Python at the break (logging's handlers do I/O, and its
 loggers cache levels through exceptions; `torch.autograd.grad`/`backward` run the autograd
-engine; torch.overrides pops and pushes the thread's torch function modes)."""
+engine; torch.overrides pops and pushes the thread's torch function modes, and so does the
+profiler's `record_function`, which every optimizer step enters)."""
 
 
 AUTOCAST_MODULES = frozenset(
