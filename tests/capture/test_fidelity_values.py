@@ -284,3 +284,23 @@ def test_tensors_from_python_data(fn, backend):
     assert first.device == x.device
     first.add_(10)  # the caller owns what it got: the next call is not affected
     assert_same(compiled(x)[0], fn(x)[0])
+
+
+def p_types_of_bound_methods(x):
+    import types
+
+    items = [1]
+    return (
+        callable(x.sum),
+        type(x.sum),
+        type(x.backward),
+        type(items.append),
+        isinstance(x.add, types.BuiltinMethodType),
+        x * 2,
+    )
+
+
+def test_types_of_bound_methods():
+    """`callable(x.sum)` and `type(x.sum)` broke ("type of method sum ... is not known")."""
+    counts = check(p_types_of_bound_methods, tensors((3, 4)))
+    assert (counts.graphs, counts.breaks) == (1, 0)

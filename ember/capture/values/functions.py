@@ -9,6 +9,7 @@ through the table in `builtins.py`, keyed by the builtin object itself.
 from __future__ import annotations
 
 import functools
+import inspect
 import types
 from typing import TYPE_CHECKING, Any
 
@@ -349,6 +350,12 @@ class MethodValue(Value):
 
     def describe(self) -> str:
         return f"method {self.name} of {self.receiver.describe()}"
+
+    def python_type(self) -> type:
+        """A method written in Python (`Tensor.backward`) binds as a `method`; one in C
+        (`Tensor.sum`, `list.append`) as a builtin method."""
+        attr = inspect.getattr_static(self.receiver.python_type(), self.name, None)
+        return types.MethodType if isinstance(attr, types.FunctionType) else types.BuiltinMethodType
 
     def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
         return self.receiver.call_method(tx, self.name, args, kwargs)
