@@ -11,6 +11,7 @@ interpreter.
 
 from __future__ import annotations
 
+import ast
 import concurrent.futures
 import contextlib
 import dataclasses
@@ -214,21 +215,26 @@ def record_launches() -> Iterator[list[Launch]]:
         _recording = outer
 
 
-_parse_lock = threading.Lock()
+@contextlib.contextmanager
+def _ast_parses_serialized() -> Iterator[None]:
+    """CPython 3.11 before 3.11.8 keeps the recursion depth of `ast.parse`'s tree building
+    in state shared by all threads: a thread switch in the middle of one parse (a GC
+    finalizer running Python code) and a parse in another thread fail with "AST constructor
+    recursion depth mismatch" (seen in CI, reproduced with threads making cyclic garbage).
+    Triton's front end parses every kernel and each `triton.language` function it calls, so
+    while the pool below compiles, `ast.parse` takes a lock (parsing is short; code
+    generation and ptxas still run in parallel)."""
+    parse, lock = ast.parse, threading.RLock()
 
+    def locked(*args: Any, **kwargs: Any) -> Any:
+        with lock:
+            return parse(*args, **kwargs)
 
-def _parse_one_at_a_time(kernel: Any) -> None:
-    """CPython 3.11 before 3.11.8 keeps ast.parse's recursion depth in state shared by all
-    threads, so two kernels parsed at once by the pool fail with "AST constructor recursion
-    depth mismatch" (seen in CI): this kernel's parse takes a lock (the parse is short;
-    the code generation and ptxas after it still run in parallel)."""
-    parse = type(kernel).parse
-
-    def locked_parse() -> Any:
-        with _parse_lock:
-            return parse(kernel)
-
-    kernel.parse = locked_parse
+    ast.parse = locked
+    try:
+        yield
+    finally:
+        ast.parse = parse
 
 
 def compile_ahead(launches: list[Launch], capability: int = 90, workers: int = 4) -> list[Any]:
@@ -245,10 +251,6 @@ def compile_ahead(launches: list[Launch], capability: int = 90, workers: int = 4
     modules = {
         launch.source: _module(launch.source, f"sm{capability}", False) for launch in distinct
     }
-    for module in modules.values():
-        for value in vars(module).values():
-            if isinstance(value, triton.runtime.JITFunction):
-                _parse_one_at_a_time(value)
 
     def build(launch: Launch) -> Any:
         module = modules[launch.source]
@@ -260,5 +262,6 @@ def compile_ahead(launches: list[Launch], capability: int = 90, workers: int = 4
         )
         return triton.compile(src, target=target, options=dict(launch.options))
 
-    with concurrent.futures.ThreadPoolExecutor(max(1, min(workers, len(distinct)))) as pool:
+    workers = max(1, min(workers, len(distinct)))
+    with _ast_parses_serialized(), concurrent.futures.ThreadPoolExecutor(workers) as pool:
         return list(pool.map(build, distinct))
