@@ -251,17 +251,17 @@ def _closure_lookup(
 ) -> Callable[[tuple, dict], Callable[..., Any] | None]:
     """The lookup of a closure's wrapper: its code's entries, captured for any closure of
     it, run bound to this one's cells and defaults (bound once per entry and wrapper)."""
-    entries = cache.entries
     bound: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
+    def bound_pair(entry: frame_cache.CacheEntry) -> tuple[Callable, Callable]:
+        pair = bound.get(entry)
+        if pair is None:
+            pair = bound[entry] = frame_cache.bind_to_closure(entry, original)
+        return pair
+
     def find(args: tuple, kwargs: dict) -> Callable[..., Any] | None:
-        for entry in reversed(entries):  # newest first: made for the calls that come next
-            pair = bound.get(entry)
-            if pair is None:
-                pair = bound[entry] = frame_cache.bind_to_closure(entry, original)
-            if pair[0](*args, **kwargs):
-                return pair[1]
-        return None
+        entry = cache.find(lambda entry: bound_pair(entry)[0](*args, **kwargs))
+        return None if entry is None else bound_pair(entry)[1]
 
     return find
 

@@ -290,13 +290,22 @@ def capturing_outside_autocast() -> Iterator[None]:
         return
     _callers_autocast = state
     try:
-        for device, _, _ in state:
-            torch.set_autocast_enabled(device, False)
+        switch_autocast(callers_autocast_devices(), False)
         yield
     finally:
+        switch_autocast(callers_autocast_devices(), True)
         _callers_autocast = ()
-        for device, _, _ in state:
-            torch.set_autocast_enabled(device, True)
+
+
+def callers_autocast_devices() -> list[str]:
+    """The device types the caller's autocast is on for."""
+    return [device for device, _, _ in _callers_autocast]
+
+
+def switch_autocast(devices: list[str], enabled: bool) -> None:
+    """Autocast switched on or off for each of these device types."""
+    for device in devices:
+        torch.set_autocast_enabled(device, enabled)
 
 
 @contextmanager
@@ -304,10 +313,9 @@ def in_callers_modes() -> Iterator[None]:
     """The caller's inference mode and autocast back on, inside a capture that runs outside
     them: for what keeps this thread's dispatch keys from its making (a TensorGuards check)."""
     with torch.inference_mode() if _callers_inference_mode else nullcontext():
-        for device, _, _ in _callers_autocast:
-            torch.set_autocast_enabled(device, True)
+        devices = callers_autocast_devices()
+        switch_autocast(devices, True)
         try:
             yield
         finally:
-            for device, _, _ in _callers_autocast:
-                torch.set_autocast_enabled(device, False)
+            switch_autocast(devices, False)

@@ -179,18 +179,16 @@ def without_callers_autocast(compiled: Callable[..., Any]) -> Callable[..., Any]
     """The compiled graph of a capture made under the caller's autocast, run with autocast
     off: its casts are explicit nodes, and an op the trace ran without autocast (inside a
     `torch.autocast(enabled=False)` block) must not be cast by the caller's at run time."""
-    devices = [device for device, _, _ in torch_compat.callers_autocast()]
+    devices = torch_compat.callers_autocast_devices()
     if not devices:
         return compiled
 
     def call(*args: Any) -> Any:
-        for device in devices:
-            torch.set_autocast_enabled(device, False)
+        torch_compat.switch_autocast(devices, False)
         try:
             return compiled(*args)
         finally:
-            for device in devices:
-                torch.set_autocast_enabled(device, True)
+            torch_compat.switch_autocast(devices, True)
 
     call.__wrapped__ = compiled
     return call

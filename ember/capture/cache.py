@@ -1,7 +1,6 @@
 """The per-code-object cache: entries of (guard function, replacement function), kept in
-the order they were made; a call tries the entry that matched last first (`lookup`), a
-closure's wrapper the newest first (Dynamo's order). A miss captures anew; past the
-recompile limit the code runs eagerly from then on.
+the order they were made; a call tries the entry that matched last first (`lookup`). A
+miss captures anew; past the recompile limit the code runs eagerly from then on.
 
 Ownership: a compiled function (the wrapper `ember.compile` returns, or one that break code
 calls) owns its `FrameCache`; wrappers of the same code with the same options share it
@@ -68,12 +67,25 @@ class FrameCache:
 
     def lookup(self, args: tuple, kwargs: dict) -> CacheEntry | None:
         """An entry whose guard holds for this call (the last one that matched, if it
-        still does; else the first in order), or None."""
+        still does; else the first in order), or None. `find` with the entries' own
+        guards, written out: it runs on every call."""
         last = self.last
         if last is not None and last.guard.check(*args, **kwargs):
             return last
         for entry in self.entries:
             if entry is not last and entry.guard.check(*args, **kwargs):
+                self.last = entry
+                return entry
+        return None
+
+    def find(self, matches: Callable[[CacheEntry], bool]) -> CacheEntry | None:
+        """The entry `matches` accepts, in `lookup`'s order (a closure's wrapper checks each
+        entry's guard bound to its own cells)."""
+        last = self.last
+        if last is not None and matches(last):
+            return last
+        for entry in self.entries:
+            if entry is not last and matches(entry):
                 self.last = entry
                 return entry
         return None

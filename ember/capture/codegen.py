@@ -26,17 +26,15 @@ from ember import torch_compat
 from ember.bytecode import CodeBuilder, Inst, Op, operands, with_null
 from ember.capture.output_graph import Harvest
 from ember.capture.resume import PASSED, Slot, StackSlot
-from ember.capture.shapes import concrete, has_symbols, is_symbolic
+from ember.capture.shapes import concrete, is_symbolic
 from ember.capture.side_effects import SideEffects
-from ember.capture.values.base import ConstantValue, NullValue, Value
+from ember.capture.values.base import NullValue, Value
 from ember.capture.values.compiler import runs_in_python
 from ember.capture.values.containers import (
     DictValue,
     IteratorValue,
     ListValue,
-    SequenceValue,
     TupleValue,
-    key_value,
 )
 from ember.capture.values.exceptions import SavedException
 from ember.capture.values.functions import (
@@ -47,7 +45,6 @@ from ember.capture.values.functions import (
     UserFunctionValue,
 )
 from ember.capture.values.iterators import LazyIterator
-from ember.capture.values.mappings import DictObjectValue
 from ember.capture.values.modules import has_hooks
 from ember.capture.values.objects import CellValue, ModuleValue, UserObjectValue
 from ember.capture.values.tensor import TensorValue
@@ -182,44 +179,6 @@ def _is_fresh_mutable(value: Value) -> bool:
         return False
     fresh = (ListValue, DictValue, NestedFunctionValue, PartialValue, IteratorValue)
     return isinstance(value, fresh) or (isinstance(value, UserObjectValue) and value.is_new)
-
-
-def live_tensors(values: list[Value]) -> list[TensorValue | ConstantValue]:
-    """Tensors (and symbolic sizes) reachable from values that will be rebuilt after the
-    graph: the graph's outputs."""
-    found: list[TensorValue | ConstantValue] = []
-    seen: set[int] = set()
-
-    def visit(v: Value) -> None:
-        if id(v) in seen:
-            return
-        seen.add(id(v))
-        if isinstance(v, TensorValue) or isinstance(v, ConstantValue) and has_symbols(v.value):
-            found.append(v)
-        elif isinstance(v, SequenceValue):
-            for item in v.items:
-                visit(item)
-        elif isinstance(v, DictValue):
-            for key, item in v.items.items():
-                visit(key_value(key))
-                visit(item)
-        elif isinstance(v, UserObjectValue) and v.is_new:
-            for item in [*v.attrs.values(), *v.contained()]:
-                visit(item)
-            if isinstance(v, DictObjectValue):
-                visit(v.contents)
-        elif isinstance(v, (MethodValue, BoundMethodValue)):
-            visit(v.receiver)
-        elif isinstance(v, IteratorValue):
-            for item in [*v.items[v.position :], *v.contained()]:
-                visit(item)
-        else:
-            for item in v.contained():
-                visit(item)
-
-    for value in values:
-        visit(value)
-    return found
 
 
 _JUMP_CONDITIONS = {

@@ -34,10 +34,10 @@ from ember.capture.codegen import (
     build_break_replacement,
     build_replacement,
     can_resume_after,
-    live_tensors,
 )
 from ember.capture.guards import build_guard_function
 from ember.capture.handlers.control import enters_in_python, is_autocast
+from ember.capture.live_values import live_tensors
 from ember.capture.nested import frame_function, passes_free_cells
 from ember.capture.resume import (
     StackSlot,

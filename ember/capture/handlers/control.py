@@ -149,9 +149,6 @@ class AutocastExit(ExitValue):
     graph, so the rest of the block runs under autocast in CPython and in the resume
     function, which ends the block with the real `__exit__`."""
 
-    def __init__(self, manager: Value) -> None:
-        super().__init__(manager)
-
     def call(self, tx, args, kwargs) -> Value:
         tx.ctx.autocast = tx.ctx.autocast[:-1]
         return ConstantValue(False)  # exceptions raised inside propagate, as autocast's do
@@ -174,45 +171,30 @@ def leave_entered_block(tx, manager: Value) -> Value:
     a resume function that the block ends in): from here the trace casts as autocast's
     state was before the block (the object's `prev*` attributes, which its `__enter__`
     set), and the real `__exit__` runs after the graph."""
-    fields = _constant_attributes(
-        tx, manager, ("device", "prev_fastdtype", "prev", "prev_cache_enabled")
-    )
-    tx.ctx.autocast = (
-        *tx.ctx.autocast,
-        AutocastMode(
-            fields["device"],
-            fields["prev_fastdtype"],
-            bool(fields["prev"]),
-            bool(fields["prev_cache_enabled"]),
-        ),
-    )
+    before = _read_mode(tx, manager, ("prev_fastdtype", "prev", "prev_cache_enabled"))
+    tx.ctx.autocast = (*tx.ctx.autocast, before)
     tx.ctx.effects.exit_autocast(manager)
     return ConstantValue(False)
 
 
-def _constant_attributes(tx, manager: Value, names: tuple[str, ...]) -> dict[str, Any]:
-    fields = {}
-    for name in names:
+def _autocast_mode(tx, manager: Value) -> AutocastMode:
+    """The mode a torch.autocast object enters, from the attributes its __init__ set."""
+    return _read_mode(tx, manager, ("fast_dtype", "_enabled", "_cache_enabled"))
+
+
+def _read_mode(tx, manager: Value, names: tuple[str, str, str]) -> AutocastMode:
+    """An AutocastMode of the object's device and the (dtype, enabled, cache enabled)
+    attributes named, which must be constants."""
+    fields = []
+    for name in ("device", *names):
         value = manager.getattr(tx, name)
         if not value.is_constant():
             raise Unsupported(
                 BreakReason.UNSUPPORTED_CALL, f"torch.autocast with a non-constant {name}"
             )
-        fields[name] = value.as_constant()
-    return fields
-
-
-def _autocast_mode(tx, manager: Value) -> AutocastMode:
-    """The mode a torch.autocast object enters, from the attributes its __init__ set."""
-    fields = _constant_attributes(
-        tx, manager, ("device", "fast_dtype", "_enabled", "_cache_enabled")
-    )
-    return AutocastMode(
-        fields["device"],
-        fields["fast_dtype"],
-        bool(fields["_enabled"]),
-        bool(fields["_cache_enabled"]),
-    )
+        fields.append(value.as_constant())
+    device, dtype, enabled, cache_enabled = fields
+    return AutocastMode(device, dtype, bool(enabled), bool(cache_enabled))
 
 
 @handler(Op.BEFORE_WITH)

@@ -41,7 +41,7 @@ from ember.capture.values.containers import (
     TupleValue,
     iterator_over,
 )
-from ember.capture.values.exceptions import ExceptionValue, TracedRaise
+from ember.capture.values.exceptions import TracedRaise, raise_in_trace
 from ember.capture.values.functions import PartialValue
 from ember.capture.values.sets import SetValue
 from ember.capture.values.tensor import TensorValue, tensor_op
@@ -304,9 +304,7 @@ def _next(tx, args, kwargs):
     if value is None:
         if len(args) > 1:
             return args[1]
-        if tx.handled_in_trace():
-            raise TracedRaise(ExceptionValue(StopIteration, []))
-        raise Unsupported(BreakReason.EXCEPTION_RAISED, "StopIteration from next()")
+        raise_in_trace(tx, StopIteration, [], "StopIteration from next()")
     return value
 
 

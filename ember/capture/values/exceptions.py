@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 import types
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ember.capture.sources import AttrSource
 from ember.capture.values.base import ConstantValue, MissingAttribute, Value, from_class_statement
@@ -245,6 +245,14 @@ def construct_exception(
     else:
         exc.init_builtin(list(args), kwargs)
     return exc
+
+
+def raise_in_trace(tx: Translator, cls: type, args: list[Value], detail: str) -> NoReturn:
+    """`raise cls(*args)` from ember's model of a builtin (`next()`, `generator.send`): to
+    a handler of the traced code, or else a break where CPython raises it."""
+    if tx.handled_in_trace():
+        raise TracedRaise(construct_exception(tx, cls, args, {}))
+    raise Unsupported(BreakReason.EXCEPTION_RAISED, detail)
 
 
 def python_error(tx: Translator, error: BaseException, exact: bool = True) -> ExceptionValue:

@@ -362,6 +362,8 @@ class GeneratorIterator(LazyIterator):
     def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
         """`gen.send(value)`: the frame resumes with `value` as what its `yield` evaluates
         to (YIELD_VALUE left None there), and runs to its next yield."""
+        from ember.capture.values.exceptions import raise_in_trace
+
         if name != "send" or len(args) != 1 or kwargs:
             raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"generator.{name}() here")
         (value,) = args
@@ -370,12 +372,13 @@ class GeneratorIterator(LazyIterator):
             raise Unsupported(BreakReason.UNSUPPORTED_CALL, "send() to a generator pulled ahead")
         if not started and not (value.is_constant() and value.as_constant() is None):
             message = "can't send non-None value to a just-started generator"
-            _raise(tx, TypeError, [ConstantValue(message)])
+            raise_in_trace(tx, TypeError, [ConstantValue(message)], f"TypeError: {message}")
         if started and not self.exhausted:
             self.frame.stack[-1] = value
         item = self.next(tx)
         if item is None:
-            _raise(tx, StopIteration, [self.returned or ConstantValue(None)])
+            returned = [self.returned or ConstantValue(None)]
+            raise_in_trace(tx, StopIteration, returned, "StopIteration from generator.send()")
         return item
 
     def pull(self, tx: Translator) -> Value | None:
@@ -387,18 +390,6 @@ class GeneratorIterator(LazyIterator):
             self.exhausted = True
             raise
         return None
-
-
-def _raise(tx: Translator, cls: type[BaseException], args: list[Value]) -> None:
-    """Raise `cls(*args)` in the traced code when a handler there catches it; else break
-    there (CPython raises it)."""
-    from ember.capture.values.exceptions import ExceptionValue, TracedRaise
-
-    if tx.handled_in_trace():
-        exc = ExceptionValue(cls, args)
-        exc.init_builtin(args, {})
-        raise TracedRaise(exc)
-    raise Unsupported(BreakReason.EXCEPTION_RAISED, f"{cls.__name__} from generator.send()")
 
 
 class ChainIterator(LazyIterator):
