@@ -95,6 +95,7 @@ class Op(enum.Enum):
     RETURN_CONST = enum.auto()
     BEFORE_WITH = enum.auto()
     LOAD_ASSERTION_ERROR = enum.auto()
+    LOAD_BUILD_CLASS = enum.auto()
     RETURN_GENERATOR = enum.auto()
     YIELD_VALUE = enum.auto()
     GET_YIELD_FROM_ITER = enum.auto()
@@ -164,7 +165,6 @@ UNSUPPORTED: dict[str, str] = {
             "LOAD_FROM_DICT_OR_DEREF",
             "LOAD_FROM_DICT_OR_GLOBALS",
             "SETUP_ANNOTATIONS",
-            "LOAD_BUILD_CLASS",
             "IMPORT_STAR",
             "PRINT_EXPR",
         ],

@@ -11,6 +11,7 @@ import collections.abc
 import operator
 from typing import TYPE_CHECKING, Any
 
+from ember.capture.guards import GuardKind
 from ember.capture.values.base import ConstantValue, FoldingRaised, Value, all_constant
 from ember.capture.values.containers import (
     DictValue,
@@ -62,7 +63,7 @@ _DUNDERS = {
 def apply(tx: Translator, fn: Any, args: list[Value]) -> Value:
     """`fn(*args)` for an operator function on symbolic values."""
     if fn in (operator.is_, operator.is_not):
-        return _identity(fn, *args)
+        return _identity(tx, fn, *args)
     if fn is operator.not_:
         return ConstantValue(not args[0].truth(tx))
     if fn is operator.truth:
@@ -110,12 +111,30 @@ def less_than(tx: Translator, a: Value, b: Value) -> bool:
     return apply(tx, operator.lt, [a, b]).truth(tx)
 
 
-def _identity(fn: Any, a: Value, b: Value) -> Value:
+def _identity(tx: Translator, fn: Any, a: Value, b: Value) -> Value:
     if a.is_constant() and b.is_constant() and not isinstance(a, SequenceValue | DictValue):
         same = a.as_constant() is b.as_constant()
+    elif a.is_constant() != b.is_constant():
+        same = _is_the_constant(tx, *((a, b) if b.is_constant() else (b, a)))
     else:
         same = a is b
     return ConstantValue(same if fn is operator.is_ else not same)
+
+
+def _is_the_constant(tx: Translator, value: Value, constant: Value) -> bool:
+    """`value is constant` where only one side is a constant: an attribute of a constant
+    (`field.kw_only is MISSING`, dataclasses' own test) holds the very object a global or
+    argument is. Where the types alone do not decide it, the answer pins the outside object's
+    identity (an ID_MATCH guard)."""
+    if isinstance(constant, SequenceValue | DictValue):
+        return False
+    real = tx.ctx.builder.real_object(value)
+    if real is None or value.source is None:
+        return False
+    target = constant.as_constant()
+    if real is target or type(real) is type(target):  # else the type guard decides it
+        tx.ctx.guards.add(GuardKind.ID_MATCH, value.source, real)
+    return real is target
 
 
 def _contains(tx: Translator, container: Value, item: Value) -> Value:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import types
 from typing import Any
 
@@ -227,3 +228,10 @@ def before_with(tx, inst):
 @handler(Op.LOAD_ASSERTION_ERROR)
 def load_assertion_error(tx, inst):
     tx.push(tx.ctx.builder.wrap_const(AssertionError))
+
+
+@handler(Op.LOAD_BUILD_CLASS)
+def load_build_class(tx, inst):
+    """A class statement's builder: calling it breaks the graph (class bodies run in CPython),
+    and the code after the statement is captured again."""
+    tx.push(tx.ctx.builder.wrap_const(builtins.__build_class__))

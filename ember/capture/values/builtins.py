@@ -7,6 +7,7 @@ are folded when every argument is a constant; anything else is refused with its 
 
 from __future__ import annotations
 
+import builtins
 import collections
 import dataclasses
 import functools
@@ -86,6 +87,17 @@ def _nothing_handled(fn: Any) -> Handler:
 
 
 BUILTINS[sys.exc_info] = _nothing_handled(sys.exc_info)
+
+
+@handles(builtins.__build_class__)
+def _class_statement(tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    """A class statement: its body runs in CPython at a break (as under torch.compile), and
+    the class it makes is an ordinary user class to the capture after the statement."""
+    raise Unsupported(
+        BreakReason.UNSUPPORTED_CALL,
+        "class statement (the class body runs in CPython)",
+        hint="define the class outside the compiled function to keep one graph",
+    )
 if hasattr(sys, "exception"):  # 3.11+
     BUILTINS[sys.exception] = _nothing_handled(sys.exception)
 

@@ -19,6 +19,7 @@ objects themselves.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -60,6 +61,14 @@ engine; torch.overrides pops and pushes the thread's torch function modes, and s
 profiler's `record_function`, which every optimizer step enters)."""
 
 
+CLASS_BUILDERS = frozenset(
+    [dataclasses.dataclass, dataclasses.make_dataclass, dataclasses._process_class]
+)
+"""Functions that build or rewrite a class (dataclasses' decorator with or without
+arguments): they run in plain Python at a break, as under torch.compile. Traced, they made
+dozens of breaks (exec, slot writes, class attribute writes) for one class statement."""
+
+
 AUTOCAST_MODULES = frozenset(
     ["torch.amp.autocast_mode", "torch.cpu.amp.autocast_mode", "torch.cuda.amp.autocast_mode"]
 )
@@ -75,6 +84,8 @@ def runs_in_python(fn: Any) -> str | None:
     module = getattr(fn, "__module__", None)
     if module in PYTHON_ONLY_MODULES:
         return f"of {module} runs in Python"
+    if any(fn is builder for builder in CLASS_BUILDERS):
+        return "builds a class: it runs in Python"
     if module in AUTOCAST_MODULES and fn.__name__ in ("__enter__", "__exit__"):
         return "sets autocast's state: it runs in Python"
     return None
