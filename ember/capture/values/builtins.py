@@ -89,6 +89,10 @@ def _nothing_handled(fn: Any) -> Handler:
 BUILTINS[sys.exc_info] = _nothing_handled(sys.exc_info)
 
 
+if hasattr(sys, "exception"):  # 3.11+
+    BUILTINS[sys.exception] = _nothing_handled(sys.exception)
+
+
 @handles(builtins.__build_class__)
 def _class_statement(tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
     """A class statement: its body runs in CPython at a break (as under torch.compile), and
@@ -98,8 +102,6 @@ def _class_statement(tx: Translator, args: list[Value], kwargs: dict[str, Value]
         "class statement (the class body runs in CPython)",
         hint="define the class outside the compiled function to keep one graph",
     )
-if hasattr(sys, "exception"):  # 3.11+
-    BUILTINS[sys.exception] = _nothing_handled(sys.exception)
 
 
 _PURE_BUILTINS = {
