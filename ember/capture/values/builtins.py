@@ -87,8 +87,6 @@ def _nothing_handled(fn: Any) -> Handler:
 
 
 BUILTINS[sys.exc_info] = _nothing_handled(sys.exc_info)
-
-
 if hasattr(sys, "exception"):  # 3.11+
     BUILTINS[sys.exception] = _nothing_handled(sys.exception)
 
