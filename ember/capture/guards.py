@@ -41,6 +41,7 @@ class GuardKind(enum.Enum):
     DICT_KEYS = "keys (in order) of a dict the trace read"
     NONE_MATCH = "value is None"
     SAME_OBJECT = "two sources hold the same tensor"
+    DISTINCT_OBJECTS = "two sources hold different objects (an `is` the trace answered False)"
     GRAD_MODE = "torch.is_grad_enabled()"
     INFERENCE_MODE = "torch.is_inference_mode_enabled(), where the trace asked for it"
     NO_HOOKS = "module has no forward or backward hooks"
@@ -200,6 +201,7 @@ _CONDITIONS: dict[GuardKind, Callable[[Guard, GuardScope], list[str]]] = {
     GuardKind.DICT_KEYS: _dict_keys,
     GuardKind.NONE_MATCH: lambda g, s: [f"{g.source.expr(s)} is None"],
     GuardKind.SAME_OBJECT: lambda g, s: [f"{g.source.expr(s)} is {g.expected.expr(s)}"],
+    GuardKind.DISTINCT_OBJECTS: lambda g, s: [f"{g.source.expr(s)} is not {g.expected.expr(s)}"],
     GuardKind.GRAD_MODE: lambda g, s: [f"___torch.is_grad_enabled() is {g.expected}"],
     GuardKind.INFERENCE_MODE: lambda g, s: [
         f"___torch.is_inference_mode_enabled() is {g.expected}"

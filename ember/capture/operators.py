@@ -117,8 +117,14 @@ def _identity(tx: Translator, fn: Any, a: Value, b: Value) -> Value:
     elif a.is_constant() != b.is_constant():
         same = _is_the_constant(tx, *((a, b) if b.is_constant() else (b, a)))
     else:
-        same = a is b
+        same = a is b  # one object reached twice is one value (the builder's SAME_OBJECT)
+        if not same and _from_outside(tx, a) and _from_outside(tx, b):
+            tx.ctx.guards.add(GuardKind.DISTINCT_OBJECTS, a.source, b.source)
     return ConstantValue(same if fn is operator.is_ else not same)
+
+
+def _from_outside(tx: Translator, value: Value) -> bool:
+    return value.source is not None and tx.ctx.builder.real_object(value) is not None
 
 
 def _is_the_constant(tx: Translator, value: Value, constant: Value) -> bool:
@@ -135,6 +141,27 @@ def _is_the_constant(tx: Translator, value: Value, constant: Value) -> bool:
     if real is target or type(real) is type(target):  # else the type guard decides it
         tx.ctx.guards.add(GuardKind.ID_MATCH, value.source, real)
     return real is target
+
+
+_NUMBERS_AND_STRINGS = (int, float, complex, bool, str, bytes, type(None))
+
+
+def _compared_by_identity(args: list[Value]) -> bool:
+    """`a == b` is `a is b` when neither side's class defines `__eq__` (object's answers
+    NotImplemented for other objects, both ways, and Python falls back to identity):
+    sentinel objects such as dataclasses' field kinds (`f._field_type in (_FIELD, ...)`).
+    A number or string on one side answers NotImplemented for a foreign object too."""
+    from ember.capture.values.objects import UserObjectValue
+
+    if len(args) != 2 or not any(isinstance(a, UserObjectValue) for a in args):
+        return False
+    for value in args:
+        if isinstance(value, UserObjectValue):
+            if value.cls.__eq__ is not object.__eq__ or value.cls.__ne__ is not object.__ne__:
+                return False
+        elif not (value.is_constant() and type(value.as_constant()) in _NUMBERS_AND_STRINGS):
+            return False
+    return True
 
 
 def _contains(tx: Translator, container: Value, item: Value) -> Value:
@@ -238,6 +265,8 @@ def _dunder(tx: Translator, fn: Any, args: list[Value]) -> Value:
 
     plain = _INPLACE_TO_PLAIN.get(fn, fn)
     names = _DUNDERS.get(plain)
+    if plain in (operator.eq, operator.ne) and _compared_by_identity(args):
+        return _identity(tx, operator.is_ if plain is operator.eq else operator.is_not, *args)
     if names and isinstance(args[0], UserObjectValue):
         return args[0].getattr(tx, names[0]).call(tx, args[1:], {})
     if names and names[1] and len(args) == 2 and isinstance(args[1], UserObjectValue):

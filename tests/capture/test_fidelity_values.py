@@ -304,3 +304,66 @@ def test_types_of_bound_methods():
     """`callable(x.sum)` and `type(x.sum)` broke ("type of method sum ... is not known")."""
     counts = check(p_types_of_bound_methods, tensors((3, 4)))
     assert (counts.graphs, counts.breaks) == (1, 0)
+
+
+# identity and equality of outside objects: `is` between two arguments, `==` on objects
+# whose classes define no __eq__ (Python falls back to identity)
+
+
+class _Kind:
+    def __init__(self, name):
+        self.name = name
+
+
+KIND_A, KIND_B = _Kind("a"), _Kind("b")
+
+
+class _Holder:
+    def __init__(self, kind):
+        self.kind = kind
+
+
+def _same_or_not(x, a, b):
+    return x + 1 if a is b else x - 1
+
+
+def _sentinel_equality(x, holder):
+    r = x
+    if holder.kind in (KIND_A, KIND_B):
+        r = r + 1
+    if holder.kind == KIND_B:
+        r = r * 2
+    if holder.kind != KIND_A:
+        r = r - 3
+    if holder.kind == 3 or holder.kind == "a":
+        r = r * 10
+    return r
+
+
+def test_is_between_two_arguments_is_guarded():
+    """Two different objects answered `a is b` False without a guard: a later call passing
+    one object twice reused that graph (a wrong answer)."""
+    ember.reset()
+    compiled = ember.compile(_same_or_not)
+    x = torch.zeros(2)
+    one, other = _Kind("one"), _Kind("other")
+    for a, b in ((one, other), (one, one), (other, one), (other, other)):
+        assert_same(compiled(x, a, b), _same_or_not(x, a, b))
+
+
+@pytest.mark.parametrize("kind", [KIND_A, KIND_B, _Kind("c")], ids=lambda k: k.name)
+def test_equality_of_objects_without_eq_is_identity(kind):
+    """`==` and `in` on objects whose class defines no __eq__ are identity tests, answered
+    in the trace (they broke at object.__eq__, as in dataclasses' field kinds)."""
+    counts = check(_sentinel_equality, lambda: (*tensors((3,))(), _Holder(kind)))
+    assert counts.breaks == 0
+
+
+def test_equality_of_objects_without_eq_is_guarded():
+    ember.reset()
+    compiled = ember.compile(_sentinel_equality)
+    x = torch.randn(3)
+    holder = _Holder(KIND_A)
+    for kind in (KIND_A, KIND_B, KIND_A, _Kind("d"), KIND_B, _Kind("e"), KIND_A):
+        holder.kind = kind
+        assert_same(compiled(x, holder), _sentinel_equality(x, holder))
