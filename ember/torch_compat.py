@@ -71,6 +71,9 @@ check_version()
 
 set_grad_enabled: Callable[[bool], None] = _resolve("_C._set_grad_enabled")
 """The switch `torch.no_grad()` and friends call; graphs record it as a node."""
+never_compiled_wrapper_file: str = _resolve("_compile").__file__
+"""Where `torch._disable_dynamo` defines the wrapper of functions torch never compiles
+(`Optimizer.zero_grad`): the wrapper copies the function's name and module."""
 is_any_autocast_enabled: Callable[[], bool] = _resolve("_C._is_any_autocast_enabled")
 functorch_transforms_active: Callable[[], bool] = _resolve("_C._are_functorch_transforms_active")
 fused_sdp_choice: Callable[..., int] = _resolve("_fused_sdp_choice")

@@ -69,6 +69,13 @@ def _trace_joint(
     tracer, program, fakes, call_args = begin(gm, args, symbolic)
     with torch.enable_grad():
         graph_outs = run_forward(tracer, program, gm, fakes, call_args)
+    diff_outputs = [k for k, o in enumerate(graph_outs) if _differentiable(o)]
+    grad_inputs = [i for i, f in enumerate(fakes) if _differentiable(f)]
+    if not diff_outputs or not grad_inputs:
+        # nothing to differentiate: an input that requires grad was mutated under no_grad
+        # (an optimizer's step; under grad the trace raised as eager does for a leaf), and
+        # the inference runtime copies it back under no_grad, as eager left it
+        return None
     for i in program.mutated:
         if fakes[i].requires_grad:
             raise TraceError(
@@ -76,10 +83,6 @@ def _trace_joint(
                 f"input {i} requires grad and is mutated in place by the compiled graph",
                 hint="mutate a clone, or run the mutation under torch.no_grad()",
             )
-    diff_outputs = [k for k, o in enumerate(graph_outs) if _differentiable(o)]
-    grad_inputs = [i for i, f in enumerate(fakes) if _differentiable(f)]
-    if not diff_outputs or not grad_inputs:
-        return None
     # read the forward's values now: the backward must not change what the forward returns
     fwd_nodes = [tracer.value(o) for o in graph_outs] + [
         tracer.value(fakes[i]) for i in program.mutated

@@ -76,6 +76,10 @@ def _leaves(tree: Any) -> Iterator[Any]:
         yield tree
 
 
+def _as_list(arg: Any) -> list[Any]:
+    return list(arg) if isinstance(arg, (list, tuple)) else [arg]
+
+
 class TraceError(Unsupported):
     """The program cannot be traced into an aten graph (data-dependent value, odd aliasing)."""
 
@@ -396,7 +400,8 @@ class Tracer:
         node = self.emit(fvar, self._record(f_args), self._record(f_kwargs), f_val)
         nodes = self._items(node, f_val)
         given = dict(zip([a.name for a in schema.arguments], args, strict=False)) | kwargs
-        targets = [given[schema.arguments[i].name] for i in written]
+        # a foreach op writes each tensor of its list argument (`_foreach_add_(xs, 1)`)
+        targets = [t for i in written for t in _as_list(given[schema.arguments[i].name])]
         if fvar._schema.name.endswith("_functional") and not is_inplace(func):
             # foo_functional returns foo's outputs, then the new values of what foo writes
             n_orig = len(schema.returns)

@@ -55,7 +55,7 @@ def r_item(x):
 
 
 def r_grad_attr(x):
-    g = x.grad
+    g = (x * 3).grad  # made in the trace: its gradient is not known there
     return x * 2 if g is None else x + g
 
 

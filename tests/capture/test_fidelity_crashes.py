@@ -241,7 +241,8 @@ def test_autograd_engine_calls_break_and_run_in_python(fn):
 def test_an_optimizer_step_inside_runs_no_frame_eagerly():
     """`opt.step()` inside a compiled function: its `record_function` block (the profiler's
     `with torch._C.DisableTorchFunctionSubclass()`) made a resume function run eagerly.
-    The profiler runs in Python at a break; the steps equal eager's."""
+    A profiler range opened in traced code is now a no-op context (as under torch.compile);
+    the steps equal eager's (tests/capture/test_optimizer_steps.py counts the graphs)."""
 
     def make():
         torch.manual_seed(0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import contextlib
 import dataclasses
 import functools
 import heapq
@@ -100,6 +101,14 @@ def _class_statement(tx: Translator, args: list[Value], kwargs: dict[str, Value]
         "class statement (the class body runs in CPython)",
         hint="define the class outside the compiled function to keep one graph",
     )
+
+
+@handles(torch.autograd.profiler.record_function)
+def _profiler_range(tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
+    """A profiler range opened in traced code (every optimizer step opens one) is a
+    `contextlib.nullcontext()`: compiled code has no per-op ranges to mark, and torch.compile
+    drops them too. A range entered outside the compiled function is untouched."""
+    return tx.ctx.builder.wrap_const(contextlib.nullcontext).call(tx, [], {})
 
 
 _PURE_BUILTINS = {

@@ -24,6 +24,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ember import torch_compat
 from ember.capture.values.base import ConstantValue, Value
 from ember.errors import BreakReason, Unsupported
 
@@ -84,6 +85,9 @@ def runs_in_python(fn: Any) -> str | None:
     module = getattr(fn, "__module__", None)
     if module in PYTHON_ONLY_MODULES:
         return f"of {module} runs in Python"
+    code = getattr(fn, "__code__", None)
+    if code is not None and code.co_filename == torch_compat.never_compiled_wrapper_file:
+        return "is one torch never compiles (torch._disable_dynamo): it runs in Python"
     if any(fn is builder for builder in CLASS_BUILDERS):
         return "builds a class: it runs in Python"
     if module in AUTOCAST_MODULES and fn.__name__ in ("__enter__", "__exit__"):

@@ -137,13 +137,28 @@ class TensorValue(Value):
         if name in _TENSOR_ATTRS:
             return tensor_op(tx, "call_function", getattr, [self, ConstantValue(name)], {})
         if name == "grad":
-            raise Unsupported(BreakReason.UNSUPPORTED_ATTRIBUTE, "reading .grad of a tensor")
+            return self._grad(tx)
         if callable(getattr(torch.Tensor, name, None)):
             return MethodValue(self, name)
         if not hasattr(torch.Tensor, name):
             # what eager raises: getattr(x, name, default) and hasattr(x, name) rely on it
             raise MissingAttribute(f"tensor has no attribute {name!r}")
         raise Unsupported(BreakReason.UNSUPPORTED_ATTRIBUTE, f"tensor attribute {name!r}")
+
+    def _grad(self, tx: Translator) -> Value:
+        """`p.grad` of a tensor from outside (an optimizer reading its parameters' gradients):
+        the gradient as it is now, a graph input (or None), guarded through `p.grad`. Within
+        one graph it cannot change: whatever sets it (backward, `p.grad = ...`,
+        `zero_grad()`) breaks the graph. A tensor made in the trace has no gradient the
+        capture could know: a break."""
+        from ember.capture.sources import AttrSource
+
+        real = tx.ctx.builder.real_object(self) if self.source is not None else None
+        if real is None:
+            raise Unsupported(
+                BreakReason.UNSUPPORTED_ATTRIBUTE, f"reading .grad of {self.describe()}"
+            )
+        return tx.ctx.builder.wrap(real.grad, AttrSource(self.source, "grad"))
 
     def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
         if name in _META_METHODS:
