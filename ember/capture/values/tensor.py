@@ -83,6 +83,9 @@ _TO_PYTHON = frozenset(
         "cpu_data",
     ]
 )
+_SCALED_BY_A_NUMBER = frozenset({"addcdiv", "addcdiv_", "addcmul", "addcmul_"})
+"""Ops whose `value=` must be a Python number (a tensor there fails in the meta kernel)."""
+
 _REFUSED = {
     "backward": "calling backward() inside a compiled region",
     "register_hook": "tensor hooks",
@@ -178,7 +181,23 @@ class TensorValue(Value):
             )
         if name in _REFUSED:
             raise Unsupported(BreakReason.UNSUPPORTED_CALL, _REFUSED[name])
+        if name in _SCALED_BY_A_NUMBER and len(args) == 2 and kwargs.keys() == {"value"}:
+            if isinstance(kwargs["value"], TensorValue):
+                return self._scaled_by_a_tensor(tx, name, args, kwargs["value"])
         return tensor_op(tx, "call_method", name, [self, *args], kwargs)
+
+    def _scaled_by_a_tensor(
+        self, tx: Translator, name: str, args: list[Value], scale: TensorValue
+    ) -> Value:
+        """`p.addcdiv_(a, b, value=t)` with a 0-d tensor `t` (torch.optim's Adam while
+        compiling, where its step counts stay tensors): `value` must be a Python number, so
+        the op is written as `p.add_(a / b * t)`, as torch.compile writes it."""
+        combine = operator.truediv if name.startswith("addcdiv") else operator.mul
+        term = tensor_op(tx, "call_function", combine, list(args), {})
+        term = tensor_op(tx, "call_function", operator.mul, [term, scale], {})
+        return tensor_op(
+            tx, "call_method", "add_" if name.endswith("_") else "add", [self, term], {}
+        )
 
     def length(self, tx: Translator) -> int:
         if self.example.dim() == 0:
