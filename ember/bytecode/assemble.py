@@ -52,6 +52,10 @@ class CodeBuilder:
             self.bc.qualname = template.co_qualname + name_suffix
         self._cells = set(template.co_cellvars)
         self._frees = set(template.co_freevars)
+        self._open_blocks: list[TryBegin] = []
+        """Try blocks open now, the innermost last: an exception table maps each range to
+        one handler, so a block opened inside another ends the outer's range and the
+        outer's begins again when it closes."""
 
     def emit(self, name: str, *arg: Any) -> None:
         """Append one instruction; `arg` is omitted for instructions that take none. Only for
@@ -220,10 +224,9 @@ class CodeBuilder:
         PUSH_EXC_INFO leaves [the exception handled before, the exception] and makes it the
         one being handled (`sys.exc_info()`), as when CPython enters an `except` block."""
         caught = Label()
-        begin = TryBegin(caught, push_lasti=False, stack_depth=depth)
-        self.bc.append(begin)
+        self._begin(TryBegin(caught, push_lasti=False, stack_depth=depth))
         self.emit("RAISE_VARARGS", 1)
-        self.bc.append(TryEnd(begin))
+        self._end()
         self.place(caught)
         self.emit("PUSH_EXC_INFO")
 
@@ -235,10 +238,22 @@ class CodeBuilder:
     def try_block(self, handler: Label) -> Iterator[None]:
         """An exception raised by the instructions emitted inside goes to `handler`, with
         the stack cut to its depth at the start of the block and the exception on top."""
-        begin = TryBegin(handler, push_lasti=False)
-        self.bc.append(begin)
+        self._begin(TryBegin(handler, push_lasti=False))
         yield
-        self.bc.append(TryEnd(begin))
+        self._end()
+
+    def _begin(self, begin: TryBegin) -> None:
+        if self._open_blocks:
+            self.bc.append(TryEnd(self._open_blocks[-1]))
+        self._open_blocks.append(begin)
+        self.bc.append(begin)
+
+    def _end(self) -> None:
+        self.bc.append(TryEnd(self._open_blocks.pop()))
+        if self._open_blocks:
+            outer = self._open_blocks[-1].copy()
+            self._open_blocks[-1] = outer
+            self.bc.append(outer)
 
     def jump_forward(self, label: Label) -> None:
         self.emit("JUMP_FORWARD", label)

@@ -234,6 +234,12 @@ class CallerSite:
     untouched_args: list[str]
     cells: dict[str, Any]
     make_resume: Callable[..., Callable[..., Any]]
+    handler: Handler | None = None
+    """Where an exception raised by the frames below goes (the call is inside a try or
+    `with` block of this frame), or None when it leaves this frame too."""
+    grad_mode_at_call: bool = True
+    """The grad mode of this frame at its call (its handler runs in it: the compiled
+    frames below restore the mode they were called in when they raise)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -406,13 +412,73 @@ def _call_resume(
     cg.call(count + len(local_names))
 
 
-def _return(cg: CodeBuilder, callers: list[_Caller]) -> None:
-    """Return the result on the stack, the inlined frame's, through its callers: each
-    continues after its call with the result of the frame below, innermost first."""
-    for caller in reversed(callers):
-        cg.store_fast(caller.frame.stack(len(caller.slots) - 1))
-        _call_resume(cg, caller.resume, caller.slots, caller.names, caller.site.cells, caller.frame)
-    cg.return_value()
+class _ReturnThroughCallers:
+    """How break code returns the result of the frame that broke (on the stack): for a
+    break in an inlined frame, through its callers, each continuing after its call with the
+    result of the frame below, innermost first. A caller inside a try or `with` block gets
+    what the frames below raise at the block's handler: each such caller's block covers
+    everything from the instruction run at the break to its own call of the resume
+    function after its call, and its handler calls a resume function that continues at
+    the block's handler with the exception, as CPython would unwind into it."""
+
+    def __init__(self, cg: CodeBuilder, callers: list[_Caller]) -> None:
+        self.cg = cg
+        self.callers = callers
+        self.returned = [cg.label() for _ in callers]
+        """Per caller, where the result of the frame below it arrives (on the stack)."""
+        self.handlers = [cg.label() if c.site.handler is not None else None for c in callers]
+        self.blocks = [
+            cg.try_block(label) if label is not None else contextlib.nullcontext()
+            for label in self.handlers
+        ]
+        for block in self.blocks:  # the outermost caller's first
+            block.__enter__()
+
+    def leave(self) -> None:
+        """One way the frame that broke returns, its result on the stack."""
+        if self.callers:
+            self.cg.jump_forward(self.returned[-1])
+        else:
+            self.cg.return_value()
+
+    def finish(self) -> None:
+        cg = self.cg
+        for k in reversed(range(len(self.callers))):
+            caller = self.callers[k]
+            self.blocks[k].__exit__(None, None, None)
+            cg.place(self.returned[k])
+            cg.store_fast(caller.frame.stack(len(caller.slots) - 1))
+            _call_resume(
+                cg, caller.resume, caller.slots, caller.names, caller.site.cells, caller.frame
+            )
+            self._to_outer(k)
+            if self.handlers[k] is not None:
+                cg.place(self.handlers[k])
+                self._resume_at_handler(caller)
+                self._to_outer(k)
+
+    def _to_outer(self, k: int) -> None:
+        if k:
+            self.cg.jump_forward(self.returned[k - 1])
+        else:
+            self.cg.return_value()
+
+    def _resume_at_handler(self, caller: _Caller) -> None:
+        """The exception on the stack, into the handler's stack slot; then the caller's
+        resume function at its handler (as `_resume_at_handler` does for the frame that
+        broke)."""
+        handler, frame = caller.site.handler, caller.frame
+        self.cg.store_fast(frame.stack(handler.depth + handler.lasti))
+        if handler.lasti:
+            self.cg.load_const(0)
+            self.cg.store_fast(frame.stack(handler.depth))
+        at_handler = [
+            *caller.slots[: handler.depth],
+            *[StackSlot(Slot.VALUE)] * (1 + handler.lasti),
+        ]
+        resume = caller.site.make_resume(handler.target, at_handler, caller.names)
+        _set_grad_mode(self.cg, caller.site.grad_mode_at_call)
+        _call_resume(self.cg, resume, at_handler, caller.names, caller.site.cells, frame)
 
 
 @dataclasses.dataclass
@@ -545,6 +611,7 @@ def build_break_replacement(
         local_names = list(site.locals) + site.untouched_args + list(site.cells)
     # the resume function is called in the mode the frame was entered in (see make_resume)
     entry_mode = None if site.grad_mode is None else not site.grad_mode
+    ret = _ReturnThroughCallers(cg, callers)
     handler = cg.label()
     guarded = cg.try_block(handler) if site.handler is not None else contextlib.nullcontext()
     if inst.op in _JUMP_CONDITIONS or inst.op is Op.FOR_ITER:
@@ -559,8 +626,9 @@ def build_break_replacement(
             _stop_handling(cg, handled)
             resume = site.make_resume(target, rest, local_names, site.grad_mode)
             _call_resume(cg, resume, rest, local_names, site.cells, frame)
-            _return(cg, callers)
-        _resume_at_handler(cg, site, handler, slots, local_names, entry_mode, handled, callers)
+            ret.leave()
+        _resume_at_handler(cg, site, handler, slots, local_names, entry_mode, handled, ret)
+        ret.finish()
         return cg.to_code()
     if not can_resume_after(inst):
         raise Unsupported(
@@ -594,8 +662,9 @@ def build_break_replacement(
     _set_grad_mode(cg, entry_mode)
     resume = site.make_resume(inst.index + 1, rest, local_names, site.grad_mode)
     _call_resume(cg, resume, rest, local_names, site.cells, frame)
-    _return(cg, callers)
-    _resume_at_handler(cg, site, handler, slots, local_names, entry_mode, handled, callers)
+    ret.leave()
+    _resume_at_handler(cg, site, handler, slots, local_names, entry_mode, handled, ret)
+    ret.finish()
     return cg.to_code()
 
 
@@ -680,7 +749,7 @@ def _resume_at_handler(
     local_names: list[str],
     entry_mode: bool | None,
     handled: bool,
-    callers: list[_Caller],
+    ret: _ReturnThroughCallers,
 ) -> None:
     """Where the instruction run at the break raises inside a try or `with` block: the
     exception goes to a resume function that continues at the block's handler, with the
@@ -701,7 +770,7 @@ def _resume_at_handler(
     _set_grad_mode(cg, entry_mode)
     resume = site.make_resume(site.handler.target, at_handler, local_names, site.grad_mode)
     _call_resume(cg, resume, at_handler, local_names, site.cells, frame)
-    _return(cg, callers)
+    ret.leave()
 
 
 _CALLS = (Op.CALL, Op.CALL_KW, Op.CALL_FUNCTION_EX)

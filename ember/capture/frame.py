@@ -230,7 +230,7 @@ def _capture(
         wrap,
         mode_at_break if mode_at_break != grad_mode else None,
         _handler(at.fn.__code__, host),
-        [part.caller(wrap) for part in callers],
+        [part.caller(wrap, below.tracer) for part, below in zip(callers, parts[1:])],
     )
     try:
         with _break_where_generators_are_made(tracer, host), _in_caller_on_failure(frames):
@@ -344,10 +344,10 @@ class _FrameAtBreak:
     def of(cls, fn: types.FunctionType, tracer: Any, is_host: bool) -> _FrameAtBreak:
         inst = tracer.current
         targets = [inst.index + 1]
-        if is_host:  # where else the instruction may continue: a jump, a handler
-            handler = _handler(fn.__code__, tracer)
+        handler = _handler(fn.__code__, tracer)  # where an exception from below goes
+        targets += [handler.target] if handler is not None else []
+        if is_host:  # where else the instruction may continue: a jump
             targets += [inst.target] if inst.target is not None else []
-            targets += [handler.target] if handler is not None else []
         names = _live_at(fn.__code__, tracer.insts, targets)
         kept = {k: v for k, v in tracer.locals.items() if k in names}
         untouched = [k for k in tracer._lazy_args if k in names]
@@ -357,8 +357,9 @@ class _FrameAtBreak:
         contents = [getattr(cell, "contents", None) for cell in self.cells.values()]
         return [*self.tracer.stack, *self.kept.values(), *filter(None, contents)]
 
-    def caller(self, wrap: Callable[..., Any]) -> CallerSite:
-        """This frame as the caller of the frame below, continuing after its call."""
+    def caller(self, wrap: Callable[..., Any], callee: Any) -> CallerSite:
+        """This frame as the caller of the frame below (`callee`, its translator),
+        continuing after its call."""
         return CallerSite(
             self.tracer.current.index + 1,
             self.tracer.stack,
@@ -366,6 +367,8 @@ class _FrameAtBreak:
             self.untouched,
             self.cells,
             functools.partial(_install_resume, self.fn, self.tracer, wrap, tuple(self.cells)),
+            _handler(self.fn.__code__, self.tracer),
+            callee.entry_grad_mode,
         )
 
 

@@ -11,12 +11,13 @@ holds the tensor work of every frame on the way, and the break happens once: bre
 the outermost call instead captures each callee again, and each records the same break.
 
 Frames that cannot take part: generator frames (their state lives in a generator object),
-frames inside a `try` or `with` block or an `except` handler at that point (an exception
-would have to reach a handler of a caller), and methods that use zero-argument `super()`
-(its `__class__` must stay a free variable). An inlined function whose closure holds cells
-that are not the same on every call (made in the trace, or of a closure guarded by its
-code) takes part too: its resume function receives its free variables as cell objects
-(`passes_free_cells`), so break code hands it this call's cells.
+frames inside an `except` handler at that point, and methods that use zero-argument
+`super()` (its `__class__` must stay a free variable). A frame inside a `try` or `with`
+block takes part: break code catches what the frames below raise and calls that frame's
+resume function at the block's handler (codegen.py `_ReturnThroughCallers`). An inlined
+function whose closure holds cells that are not the same on every call (made in the trace,
+or of a closure guarded by its code) takes part too: its resume function receives its free
+variables as cell objects (`passes_free_cells`), so break code hands it this call's cells.
 """
 
 from __future__ import annotations
@@ -28,8 +29,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ember.bytecode import Op, handler_at
-from ember.capture.handlers.control import ExitValue
+from ember.bytecode import Op
 from ember.capture.values.base import Value
 from ember.capture.values.exceptions import SavedException
 from ember.capture.values.functions import (
@@ -99,12 +99,11 @@ def _frame_code(fn: Value) -> types.CodeType | None:
 
 def _can_resume(frame: Translator, inlined: bool) -> bool:
     """Whether the rest of a frame, after its current instruction, can run as a resume
-    function: no exception handler covers the instruction (exceptions from the frames below
-    go straight out), no block's state is on its stack, and an inlined frame is neither a
-    generator's nor closes over cells made in the trace."""
-    if handler_at(frame.code, frame.current.offset) is not None or any(
-        isinstance(v, (ExitValue, SavedException)) for v in frame.stack
-    ):
+    function: not inside an `except` block (the exception it handles would have to be
+    handled again in the frames below), and an inlined frame is neither a generator's nor
+    closes over cells made in the trace. Inside a try or `with` block it can: break code
+    sends what the frames below raise to a resume function at the block's handler."""
+    if any(isinstance(v, SavedException) for v in frame.stack):
         return False
     if not inlined:
         return True

@@ -169,6 +169,9 @@ class Translator:
         self.calling: Value | None = None
         """The callable of the call instruction this frame is running (read while the
         callee's frame runs, capture/nested.py)."""
+        self.entry_grad_mode = torch.is_grad_enabled()
+        """The grad mode this frame was entered in (an inlined frame: its caller's at the
+        call)."""
         self.allow_break = False
         self.graph_break: GraphBreak | None = None
         self.yielded: list[Value] | None = None

@@ -169,10 +169,10 @@ GRAD_CASES = [
     grad(no_grad_item, 2, 1),
     grad(no_grad_branch, 2, 1),
     grad(no_grad_loop_break, 2, 2),
-    grad(no_grad_break_in_helper, 3, 2),
+    grad(no_grad_break_in_helper, 3, 1),  # taken once, in the helper (was also at its call)
     grad(no_grad_then_print_outside, 2, 1),
     grad(grad_mode_statement_then_break, 2, 1),
-    grad(no_grad_decorated_helper, 2, 3),
+    grad(no_grad_decorated_helper, 2, 1),  # once, inside the decorator's `with` block
 ]
 
 
