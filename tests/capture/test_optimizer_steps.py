@@ -110,3 +110,17 @@ def test_addcdiv_and_addcmul_with_a_tensor_value():
 
     counts = check(update, tensors((4,), (4,), (4,), (1,)))
     assert counts.breaks == 0
+
+
+def test_typing_aliases_of_builtin_types_are_folded():
+    """`typing.cast(list[Tensor], xs)` (torch.optim's foreach paths): subscripting `list`
+    broke ("indexing builtin list"), once per cast."""
+    from typing import cast
+
+    def cast_and_scale(x, xs):
+        ys = cast(list[torch.Tensor], xs)
+        factor = cast(dict[str, int], {"a": 2})["a"]
+        return x * factor + ys[0], str(tuple[int, ...])
+
+    counts = check(cast_and_scale, lambda: (*tensors((3,))(), list(tensors((3,))())))
+    assert counts.breaks == 0

@@ -27,7 +27,7 @@ from ember.capture.values.base import (
 )
 from ember.capture.values.builtins import handles
 from ember.capture.values.containers import DictValue, ListValue, TupleValue, iterator_over
-from ember.capture.values.functions import BoundMethodValue, UserFunctionValue
+from ember.capture.values.functions import BoundMethodValue, UserFunctionValue, generic_alias
 from ember.capture.values.objects import UserObjectValue, _class_attribute, python_override
 from ember.errors import BreakReason, Unsupported
 
@@ -110,7 +110,8 @@ class ClassValue(Value):
     def getitem(self, tx: Translator, key: Value) -> Value:
         if issubclass(self.cls, enum.Enum):
             return ConstantValue(self.cls[key.as_constant()])
-        return super().getitem(tx, key)
+        alias = generic_alias(self.cls, key)
+        return alias if alias is not None else super().getitem(tx, key)
 
     def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
         cls = self.cls

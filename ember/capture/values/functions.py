@@ -463,6 +463,17 @@ def _materialized(tx: Translator, value: Value) -> Value:
     return TupleValue(value.iterate(tx)) if isinstance(value, IteratorValue) else value
 
 
+def generic_alias(cls: Any, key: Value) -> Value | None:
+    """`list[Tensor]`, `dict[str, int]`: a type subscripted by constant types is a typing
+    alias (what `typing.cast(list[Tensor], xs)` in torch.optim passes), folded here."""
+    if not isinstance(cls, type) or "__class_getitem__" not in dir(cls) or not key.is_constant():
+        return None
+    try:
+        return ConstantValue(cls[key.as_constant()])
+    except TypeError:
+        return None
+
+
 class _FunctionObjectValue(Value):
     """A function known by identity (a builtin or a torch function): a constant that is
     rebuilt by loading the object itself; calls go through the builtins table first."""
@@ -494,6 +505,10 @@ class _FunctionObjectValue(Value):
         if attr is None and not hasattr(self.fn, name):
             raise MissingAttribute(f"{self.describe()} has no attribute {name!r}")
         return super().getattr(tx, name)
+
+    def getitem(self, tx: Translator, key: Value) -> Value:
+        alias = generic_alias(self.fn, key)
+        return alias if alias is not None else super().getitem(tx, key)
 
     def reconstruct(self, em: Emitter) -> None:
         em.cg.load_const(self.fn)
