@@ -124,3 +124,16 @@ def test_typing_aliases_of_builtin_types_are_folded():
 
     counts = check(cast_and_scale, lambda: (*tensors((3,))(), list(tensors((3,))())))
     assert counts.breaks == 0
+
+
+def test_foreach_addcdiv_and_addcmul_with_a_tensor_of_scales():
+    """A tensor of scales (AdamW foreach while compiling): its meta kernel wants the scales
+    on the CPU; written as foreach div/mul and add (Dynamo fails on this program)."""
+
+    def update(a, b, c, d, scales):
+        xs = [a.clone(), b.clone()]
+        torch._foreach_addcdiv_(xs, [c, d], [c.abs() + 1, d.abs() + 1], scales)
+        return xs, torch._foreach_addcmul(xs, [c, d], [c, d], scales)
+
+    counts = check(update, tensors((3,), (2, 2), (3,), (2, 2), (2,)), dynamo=False)
+    assert counts.breaks == 0 and counts.graphs == 1

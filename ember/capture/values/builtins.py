@@ -111,6 +111,38 @@ def _profiler_range(tx: Translator, args: list[Value], kwargs: dict[str, Value])
     return tx.ctx.builder.wrap_const(contextlib.nullcontext).call(tx, [], {})
 
 
+def _foreach_scaled_by_a_tensor(fn: Any, combine: Any, inplace: bool) -> Handler:
+    """`torch._foreach_addcdiv_(xs, as, bs, scales)` with a tensor of scales, one per tensor
+    (torch.optim's foreach Adam while compiling): the op wants that tensor on the CPU, which
+    meta tensors are not, so it is written as `xs += as / bs * scales[i]` with foreach ops
+    (the scales indexed in the graph), as for `addcdiv_(value=t)`."""
+
+    def handler(tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        if len(args) != 4 or kwargs or not isinstance(args[3], TensorValue):
+            return tensor_op(tx, "call_function", fn, args, kwargs)
+        xs, left, right, scales = args
+        count = len(xs.iterate(tx))
+        each = [
+            tensor_op(tx, "call_function", operator.getitem, [scales, ConstantValue(i)], {})
+            for i in range(count)
+        ]
+        combined = tensor_op(tx, "call_function", combine, [left, right], {})
+        terms = tensor_op(tx, "call_function", torch._foreach_mul, [combined, ListValue(each)], {})
+        add = torch._foreach_add_ if inplace else torch._foreach_add
+        return tensor_op(tx, "call_function", add, [xs, terms], {})
+
+    return handler
+
+
+for _fn, _combine in (
+    (torch._foreach_addcdiv_, torch._foreach_div),
+    (torch._foreach_addcdiv, torch._foreach_div),
+    (torch._foreach_addcmul_, torch._foreach_mul),
+    (torch._foreach_addcmul, torch._foreach_mul),
+):
+    BUILTINS[_fn] = _foreach_scaled_by_a_tensor(_fn, _combine, _fn.__name__.endswith("_"))
+
+
 _PURE_BUILTINS = {
     abs,
     all,
