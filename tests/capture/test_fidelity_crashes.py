@@ -69,6 +69,21 @@ def test_module_made_in_forward_has_no_identity_guard():
     assert ember.stats()["recompiles"] == 0
 
 
+def p_module_containers_made_in_forward(x):
+    """Containers of parameter-free modules made in forward, from a list or dict of them
+    (`creating module ModuleList ... from values known only at run time` broke)."""
+    layers = nn.ModuleList([nn.Identity(), nn.ReLU(), nn.Tanh()])
+    for layer in reversed(layers):
+        x = layer(x) * 2
+    table = nn.ModuleDict({"act": nn.Sigmoid(), "out": nn.Softplus()})
+    return table["out"](table["act"](x)), len(layers), list(table.keys())
+
+
+def test_module_containers_made_in_forward():
+    counts = check(p_module_containers_made_in_forward, tensors((2, 4)))
+    assert counts.breaks == 0
+
+
 def p_module_with_parameters_made_in_forward(x):
     return nn.Linear(4, 4)(x)
 

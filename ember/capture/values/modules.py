@@ -22,7 +22,7 @@ from torch.nn.modules import module as nn_module
 from ember.capture.guards import GuardKind
 from ember.capture.sources import AttrSource, ForeignGlobalSource
 from ember.capture.values.base import ConstantValue, Value
-from ember.capture.values.containers import TupleValue
+from ember.capture.values.containers import DictValue, SequenceValue, TupleValue
 from ember.capture.values.objects import ModuleValue, _class_attribute
 from ember.distributed import data_parallel_call
 from ember.errors import BreakReason, Unsupported
@@ -252,12 +252,24 @@ def module_child(parent: torch.nn.Module, key: str) -> torch.nn.Module:
     return parent._modules[key]
 
 
+def _leaves(value: Value) -> list[Value]:
+    """The values inside the lists, tuples and dicts of a constructor's arguments
+    (`nn.ModuleList([nn.ReLU(), nn.Identity()])`, `nn.ModuleDict({...})`)."""
+    if isinstance(value, SequenceValue) and not value.is_constant():
+        return [leaf for item in value.items for leaf in _leaves(item)]
+    if isinstance(value, DictValue) and not value.is_constant():
+        if not all(isinstance(k, (str, int)) for k in value.items):
+            return [value]
+        return [leaf for item in value.items.values() for leaf in _leaves(item)]
+    return [value]
+
+
 def construct_module(tx: Translator, cls: type, args: list[Value], kwargs: dict) -> Value:
     """`cls(...)` for an nn.Module class in the traced code: built now from constant
     arguments and modules made in the trace (a loss, an activation, a container of such);
     refused when it holds parameters or buffers (made at random on every eager call) or
     needs values known only at run time."""
-    given = [*args, *kwargs.values()]
+    given = [leaf for a in [*args, *kwargs.values()] for leaf in _leaves(a)]
     if not all(isinstance(a, BornModuleValue) or a.is_constant() for a in given):
         raise Unsupported(
             BreakReason.UNSUPPORTED_CALL,
@@ -265,7 +277,13 @@ def construct_module(tx: Translator, cls: type, args: list[Value], kwargs: dict)
         )
 
     def real(a: Value) -> Any:
-        return a.module if isinstance(a, BornModuleValue) else a.as_constant()
+        if isinstance(a, BornModuleValue):
+            return a.module
+        if isinstance(a, SequenceValue) and not a.is_constant():
+            return a.python_type()(map(real, a.items))
+        if isinstance(a, DictValue) and not a.is_constant():
+            return {k: real(v) for k, v in a.items.items()}
+        return a.as_constant()
 
     try:
         module = cls(*map(real, args), **{k: real(v) for k, v in kwargs.items()})
