@@ -455,3 +455,59 @@ def p_copy_and_deepcopy(x):
 def test_copy_and_deepcopy_of_plain_data():
     counts = check(p_copy_and_deepcopy, tensors((2,)))
     assert counts.breaks == 0
+
+
+# sorting and picking with key functions, and imports that fail (session 11 probes)
+
+
+def p_list_sort_with_key(x):
+    lst = [3, 1, 2]
+    lst.sort(key=lambda v: -v)
+    names = ["bb", "a", "ccc"]
+    names.sort(key=len, reverse=True)
+    return x * lst[0], max(lst, key=lambda v: (v % 2, v)), min(names, key=len), names
+
+
+def p_max_by_key_over_tensors(x):
+    ts = [x, x * 2, x + 1]
+    sizes = [(t.shape[0], i) for i, t in enumerate(ts)]
+    best = max(range(3), key=lambda i: sizes[i])
+    return ts[best], max([], key=len, default=None), min([5, 3, 3], key=lambda v: v)
+
+
+def p_sort_tensors_by_shape(x):
+    ts = [x[:2], x, x[:1]]
+    ts.sort(key=lambda t: t.shape[0])
+    return [t.sum() for t in ts]
+
+
+def p_max_of_nothing_raises(x):
+    try:
+        max([], key=len)
+    except ValueError as e:  # the running Python's own message
+        return x * len(str(e))
+
+
+def p_optional_import(x):
+    try:
+        import not_a_module_ember_probe  # noqa: F401
+    except ImportError as e:
+        return x * len(e.name), type(e).__name__
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        p_list_sort_with_key,
+        p_max_by_key_over_tensors,
+        p_sort_tensors_by_shape,
+        p_max_of_nothing_raises,
+        p_optional_import,
+    ],
+)
+def test_keys_and_imports(fn):
+    """`list.sort(key=)` and `max/min(key=)` broke ("needs the function as a Python value",
+    "compares them in Python"); a failed import inside `try` escaped ember as an exception
+    of the capture itself (ModuleNotFoundError from the trace)."""
+    counts = check(fn, tensors((4, 3)))
+    assert counts.breaks == 0

@@ -10,7 +10,12 @@ from ember.capture.operators import apply
 from ember.capture.values.base import NullValue, Value
 from ember.capture.values.builtins import BUILTINS
 from ember.capture.values.containers import DictValue, TupleValue
-from ember.capture.values.exceptions import ExceptionValue, leaving_generator
+from ember.capture.values.exceptions import (
+    ExceptionValue,
+    TracedRaise,
+    leaving_generator,
+    python_error,
+)
 from ember.capture.values.functions import NestedFunctionValue
 from ember.capture.values.objects import SuperValue
 from ember.errors import BreakReason, Unsupported
@@ -141,7 +146,14 @@ def call_intrinsic_1(tx, inst):
 def import_name(tx, inst):
     fromlist = tx.pop().as_constant()
     level = tx.pop().as_constant()
-    module = __import__(inst.argval, tx.f_globals, None, fromlist, level)
+    try:
+        module = __import__(inst.argval, tx.f_globals, None, fromlist, level)
+    except ImportError as error:  # `try: import x / except ImportError:` (optional packages)
+        if tx.handled_in_trace():
+            raise TracedRaise(python_error(tx, error)) from error
+        raise Unsupported(
+            BreakReason.EXCEPTION_RAISED, f"import {inst.argval} raised {type(error).__name__}"
+        ) from error
     tx.push(tx.ctx.builder.wrap_const(module))
 
 

@@ -444,6 +444,8 @@ _INTS = (int, torch.SymInt)
 def _min_max_for(fn: Any) -> Handler:
     def handler(tx, args, kwargs):
         items = _reduce_items(tx, args)
+        if "key" in kwargs and set(kwargs) <= {"key", "default"}:
+            return _extreme_by_key(tx, fn, items, kwargs)
         if all_constant(items) and not kwargs:
             values = [v.symbolic() for v in items]
             if any(map(is_symbolic, values)) and all(type(v) in _INTS for v in values):
@@ -458,6 +460,26 @@ def _min_max_for(fn: Any) -> Handler:
         )
 
     return handler
+
+
+def _extreme_by_key(tx: Translator, fn: Any, items: list[Value], kwargs: dict) -> Value:
+    """`max(items, key=f)` / `min(...)`: the first item whose key no later key beats, the
+    keys compared as `sorted` compares them (`default=` for no items)."""
+    from ember.capture.operators import less_than
+
+    if not items:
+        if "default" in kwargs:
+            return kwargs["default"]
+        try:
+            fn([])
+        except ValueError as error:  # the running Python's own message
+            raise_in_trace(tx, ValueError, [ConstantValue(str(error))], str(error))
+    keys = _keys(tx, items, kwargs["key"])
+    best = 0
+    for i in range(1, len(items)):
+        if less_than(tx, *((keys[best], keys[i]) if fn is max else (keys[i], keys[best]))):
+            best = i
+    return items[best]
 
 
 BUILTINS[min] = _min_max_for(min)
@@ -489,23 +511,30 @@ BUILTINS[all] = _any_all(all)
 
 @handles(sorted)
 def _sorted(tx, args, kwargs):
+    return ListValue(sorted_items(tx, iterator_over(tx, args[0]).iterate(tx), kwargs))
+
+
+def _keys(tx: Translator, items: list[Value], key_fn: Value | None) -> list[Value]:
+    """The `key=` function's result for each item, called once per item as Python does."""
+    if key_fn is None or (key_fn.is_constant() and key_fn.as_constant() is None):
+        return items
+    return [key_fn.call(tx, [item], {}) for item in items]
+
+
+def sorted_items(tx: Translator, items: list[Value], kwargs: dict[str, Value]) -> list[Value]:
     """Python's own sort over the keys, each `<` decided on the values (a tuple key compares
-    as far as its first differing item: `(1, tensor) < (2, tensor)` needs no tensor)."""
+    as far as its first differing item: `(1, tensor) < (2, tensor)` needs no tensor);
+    `sorted()` and `list.sort()`."""
     from ember.capture.operators import less_than
 
-    items = iterator_over(tx, args[0]).iterate(tx)
-    key_fn = kwargs.get("key")
-    if key_fn is not None and not (key_fn.is_constant() and key_fn.as_constant() is None):
-        keys = [key_fn.call(tx, [item], {}) for item in items]
-    else:
-        keys = items
+    keys = _keys(tx, items, kwargs.get("key"))
     reverse = kwargs.get("reverse", ConstantValue(False)).as_constant()
     order = sorted(
         range(len(items)),
         key=functools.cmp_to_key(lambda i, j: -1 if less_than(tx, keys[i], keys[j]) else 0),
         reverse=reverse,
     )
-    return ListValue([items[i] for i in order])
+    return [items[i] for i in order]
 
 
 def _n_extremes(largest: bool) -> Handler:

@@ -235,10 +235,12 @@ class ListValue(SequenceValue):
             items.reverse()
         elif name == "copy":
             return ListValue(items)  # list.copy makes a plain list, also for a subclass
-        elif name == "sort" and self.is_constant():
+        elif name == "sort":  # as sorted() orders (key called once per item), in place
+            from ember.capture.values.builtins import sorted_items
+
+            ordered = sorted_items(tx, list(items), kwargs)
             self._mutate(tx)
-            kw = {k: v.as_constant() for k, v in kwargs.items()}
-            self.items[:] = [ConstantValue(v) for v in sorted(self.as_constant(), **kw)]
+            items[:] = ordered
         else:
             return super().call_method(tx, name, args, kwargs)
         return ConstantValue(None)

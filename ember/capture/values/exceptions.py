@@ -37,10 +37,19 @@ class TracedRaise(Exception):
         return issubclass(self.value.cls, cls)
 
 
-_FIELDS = {StopIteration: ("value",), AttributeError: ("name", "obj")}
+_FIELDS = {
+    StopIteration: ("value",),
+    AttributeError: ("name", "obj"),
+    ImportError: ("msg", "name", "path"),
+}
 """C exception classes whose instances hold more than `args`, and the fields their
 `__init__` sets from nothing but positional arguments (the first argument for
-StopIteration.value; None for AttributeError's name and obj)."""
+StopIteration.value, the only one for ImportError.msg; None for AttributeError's name and
+obj and ImportError's name and path). Their C subclasses (ModuleNotFoundError) share them."""
+
+
+def _fields_of(base: type) -> tuple[str, ...] | None:
+    return next((_FIELDS[k] for k in base.__mro__ if k in _FIELDS), None)
 
 
 def _c_base(cls: type) -> type:
@@ -51,7 +60,7 @@ def _check_modelled(cls: type) -> type:
     """The C base of `cls`, if its instances are modelled: exceptions whose state is their
     `args` (and the fields above), made without a `__new__` written in Python."""
     base = _c_base(cls)
-    simple = base.__basicsize__ == BaseException.__basicsize__ or base in _FIELDS
+    simple = base.__basicsize__ == BaseException.__basicsize__ or _fields_of(base) is not None
     if not simple or python_override(cls, "__new__") is not None:
         raise Unsupported(
             BreakReason.UNSUPPORTED_CALL,
@@ -83,7 +92,7 @@ class ExceptionValue(UserObjectValue):
         self.args = args
         base = _c_base(cls)
         self.fields: dict[str, Value] = {
-            name: ConstantValue(None) for name in _FIELDS.get(base, ())
+            name: ConstantValue(None) for name in _fields_of(base) or ()
         }
         self.cause: Value = ConstantValue(None)
         self.context: Value = ConstantValue(None)
@@ -104,6 +113,8 @@ class ExceptionValue(UserObjectValue):
         self.args = list(args)
         if "value" in self.fields:
             self.fields["value"] = args[0] if args else ConstantValue(None)
+        if "msg" in self.fields:
+            self.fields["msg"] = args[0] if len(args) == 1 else ConstantValue(None)
 
     def builtin_method(self, tx: Translator, d: Any, args: list[Value], kwargs: dict) -> Value:
         if d.__name__ == "__init__" and issubclass(d.__objclass__, BaseException):
