@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ember import config, torch_compat
-from ember.bytecode import Inst, decode, handler_at
+from ember.bytecode import CodeBuilder, Inst, decode, handler_at
 from ember.capture.autocast import AutocastMode, callers_modes
 from ember.capture.cache import closures_share_entries
 from ember.capture.guards import GuardKind, GuardSet
@@ -585,6 +585,20 @@ def bind_arguments(
     return bound
 
 
+def _raise_binding_error(fn: types.FunctionType, args: tuple, kwargs: dict) -> None:
+    """CPython's own TypeError for arguments that do not fit `fn` ("forward() takes 2
+    positional arguments but 3 were given", not inspect's wording): a stand-in with `fn`'s
+    signature and an empty body is called with them. Nothing of `fn` runs."""
+    builder = CodeBuilder(fn.__code__)
+    builder.load_const(None)
+    builder.return_value()
+    stand_in = types.FunctionType(
+        builder.to_code(), {}, fn.__name__, fn.__defaults__, fn.__closure__
+    )
+    stand_in.__kwdefaults__ = fn.__kwdefaults__
+    stand_in(*args, **kwargs)
+
+
 def root_translator(
     ctx: CaptureContext,
     fn: types.FunctionType,
@@ -603,7 +617,11 @@ def root_translator(
     ):  # plain positional call (also of `.0`, a comprehension's parameter)
         lazy = dict(zip(code.co_varnames, args))
     else:
-        real = inspect.signature(fn, follow_wrapped=False).bind(*args, **kwargs)
+        try:
+            real = inspect.signature(fn, follow_wrapped=False).bind(*args, **kwargs)
+        except TypeError:
+            _raise_binding_error(fn, args, kwargs)
+            raise
         real.apply_defaults()
         lazy = dict(real.arguments)
     cells: dict[str, Any] = {}

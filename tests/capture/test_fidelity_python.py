@@ -23,6 +23,8 @@ import pytest
 import torch
 from fidelity_harness import check, tensors
 
+import ember
+
 # functools
 
 
@@ -511,3 +513,31 @@ def test_keys_and_imports(fn):
     of the capture itself (ModuleNotFoundError from the trace)."""
     counts = check(fn, tensors((4, 3)))
     assert counts.breaks == 0
+
+
+def test_arguments_that_do_not_fit_raise_cpythons_error():
+    """A compiled function (or a module's forward reached through break code) called with
+    arguments that do not fit raises CPython's TypeError, not inspect's wording ("too many
+    positional arguments"); nothing of the function runs."""
+    ran = []
+
+    def two(x, y, *, scale=1):
+        ran.append(1)
+        return x * y * scale
+
+    def module_with_two_inputs(x):
+        return torch.nn.Linear(3, 2)(x, x)
+
+    compiled = ember.compile(two)
+    for args, kwargs in [((1, 2, 3), {}), ((1,), {}), ((1, 2), {"shift": 1})]:
+        with pytest.raises(TypeError) as eager:
+            two(*args, **kwargs)
+        with pytest.raises(TypeError) as ours:
+            compiled(*args, **kwargs)
+        assert str(ours.value) == str(eager.value)
+    assert not ran
+    with pytest.raises(TypeError) as eager:
+        module_with_two_inputs(torch.randn(2, 3))
+    with pytest.raises(TypeError) as ours:
+        ember.compile(module_with_two_inputs)(torch.randn(2, 3))
+    assert str(ours.value) == str(eager.value)
