@@ -180,8 +180,11 @@ class _StandIn(types.ModuleType):
         self.missing: list[str] = []
 
     @staticmethod
-    def disable(fn: Any = None, recursive: bool = True, wrapping: bool = True) -> Any:
-        return fn
+    def disable(
+        fn: Any = None, recursive: bool = True, reason: str | None = None, wrapping: bool = True
+    ) -> Any:
+        """torch._dynamo.disable's signature; called without `fn`, it is a decorator."""
+        return fn if fn is not None else (lambda f: f)
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__") and name != "__path__":  # probes: __spec__, __wrapped__ ...

@@ -71,6 +71,13 @@ SCRIPT = textwrap.dedent(
     assert torch_compat.without_dynamo(plain) == 3
     assert "torch._dynamo" not in sys.modules, "disable() alone must not import Dynamo"
 
+    def with_reason():  # torch.compiler.disable passes reason=; without fn it decorates
+        decorated = torch._dynamo.disable(recursive=True, reason=None)(lambda: 4)
+        return torch._dynamo.disable(decorated, True, reason="why")()
+
+    assert torch_compat.without_dynamo(with_reason) == 4
+    assert "torch._dynamo" not in sys.modules, "disable(reason=) must not import Dynamo"
+
     def unrelated():
         raise AttributeError("object has no attribute '_dynamo_thing'")
 

@@ -541,3 +541,43 @@ def test_arguments_that_do_not_fit_raise_cpythons_error():
     with pytest.raises(TypeError) as ours:
         ember.compile(module_with_two_inputs)(torch.randn(2, 3))
     assert str(ours.value) == str(eager.value)
+
+
+# numpy scalars (np.finfo(...).eps, np.float64 sizes and data) in tensor ops
+
+
+def p_numpy_scalar_constants(x):
+    return x * np.finfo(np.float32).eps + np.iinfo(np.int8).max, np.dtype("float32").itemsize
+
+
+def p_numpy_ufuncs_on_constants(x):
+    return x * np.sqrt(2.0) + np.pi, float(np.float32(1.5)), x.half() * np.float64(2.5)
+
+
+def p_numpy_sizes_and_fill(x):
+    return x.view(np.int64(4), -1), torch.full((2,), np.float64(1.5)), torch.zeros(np.int64(3))
+
+
+def p_numpy_data_decides_dtype(x):
+    made = torch.tensor(np.float64(2.0)), torch.tensor([np.float32(1.0), 2.0])
+    return x + made[0], made, [t.dtype for t in made], torch.as_tensor(np.int16(3)).dtype
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        p_numpy_scalar_constants,
+        p_numpy_ufuncs_on_constants,
+        p_numpy_sizes_and_fill,
+        p_numpy_data_decides_dtype,
+    ],
+)
+@pytest.mark.parametrize("backend", ["eager", "ember"])
+def test_numpy_scalars_in_tensor_ops(fn, backend):
+    """A numpy scalar in a graph was written into its code as `np.float32(...)`, which the
+    graph module could not resolve (NameError under the eager backend), and made ember's
+    aot stage fail (BackendCompilerFailed). It reaches the graph as the Python number torch
+    takes it for; where its dtype decides a new tensor's (torch.tensor), that dtype is
+    passed explicitly."""
+    counts = check(fn, tensors((4, 6)), backend=backend)
+    assert counts.breaks == 0

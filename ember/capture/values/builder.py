@@ -412,6 +412,10 @@ class ValueBuilder:
             and not isinstance(value, type)
         ):
             return BuiltinValue(value)
+        from ember.capture.values.builtins import is_numpy_ufunc
+
+        if is_numpy_ufunc(value):  # called on constants, folded (values/builtins.py is_pure)
+            return BuiltinValue(value)
         if any(value is c for c in (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)):
             return GradModeClassValue(value)
         if isinstance(value, type):

@@ -185,6 +185,8 @@ def is_pure(fn: Any) -> bool:
     module = getattr(fn, "__module__", None)
     if module in ("math", "operator", "_operator", "cmath"):
         return True
+    if is_numpy_ufunc(fn):  # np.sqrt(2.0): folded only when every argument is a constant
+        return True
     owner = getattr(fn, "__self__", None)
     return isinstance(
         owner,
@@ -202,6 +204,11 @@ def is_pure(fn: Any) -> bool:
             types.MappingProxyType,
         ),
     )
+
+
+def is_numpy_ufunc(fn: Any) -> bool:
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(fn, numpy.ufunc)
 
 
 def _const(tx: Translator, value: Any) -> Value:

@@ -10,10 +10,12 @@ Python values (sizes, flags) become constants and leave no node behind.
 from __future__ import annotations
 
 import operator
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.utils._pytree import tree_leaves
 
 from ember.capture import autocast
 from ember.capture.shapes import SYM_TYPES
@@ -235,11 +237,49 @@ def _map_tensors(
     if isinstance(value, SliceValue):
         return slice(*(_map_tensors(v, leaf, size) for v in value.parts))
     if value.is_constant():
-        const = value.symbolic()
+        const = _python_scalar(value.symbolic())
         return _map_sizes(const, size) if size is not None else const
     raise Unsupported(
         BreakReason.UNSUPPORTED_OBJECT, f"{value.describe()} passed to a tensor operation"
     )
+
+
+def _is_numpy_scalar(const: Any) -> bool:
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(const, numpy.generic)
+
+
+def _python_scalar(const: Any) -> Any:
+    """A numpy scalar (`np.finfo(np.float32).eps`) as the Python number torch takes it for
+    in an op (the same weak type in promotion); the graph's code then names no numpy.
+    Constant tuples and lists (sizes) are converted item by item."""
+    if _is_numpy_scalar(const):
+        return const.item()
+    if type(const) in (tuple, list) and any(map(_is_numpy_scalar, const)):
+        return type(const)(map(_python_scalar, const))
+    return const
+
+
+_DATA_FACTORIES = frozenset([torch.tensor, torch.as_tensor, torch.asarray])
+"""Factories whose result dtype follows their data: a numpy float64 there makes a float64
+tensor where a Python float makes the default dtype."""
+
+
+def _numpy_data_dtype(target: Any, args: list[Value], kwargs: dict[str, Value]) -> dict:
+    """`torch.tensor(np.float64(2.0))`: the data reach the graph as Python numbers, so the
+    dtype numpy's scalars give the tensor is passed explicitly (computed here, on the
+    constant data)."""
+    if target not in _DATA_FACTORIES or "dtype" in kwargs or not args:
+        return kwargs
+    from ember.capture.values.base import NotConstant
+
+    try:
+        data = args[0].as_constant()
+    except NotConstant:  # tensors among them: copied as they are
+        return kwargs
+    if not any(map(_is_numpy_scalar, tree_leaves(data))):
+        return kwargs
+    return {**kwargs, "dtype": ConstantValue(target(data).dtype)}
 
 
 def _map_sizes(const: Any, size: Callable[[Any], Any]) -> Any:
@@ -287,6 +327,7 @@ def tensor_op(
             args = [_substituted(a, cast) for a in args]
             kwargs = {k: _substituted(v, cast) for k, v in kwargs.items()}
             inputs = _tensor_values([*args, *kwargs.values()])
+    kwargs = _numpy_data_dtype(target, args, kwargs)
     ex_args = [example_arg(a) for a in args]
     ex_kwargs = {k: example_arg(v) for k, v in kwargs.items()}
     name = _op_name(target)
