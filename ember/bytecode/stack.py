@@ -44,6 +44,7 @@ _OPERANDS: dict[Op, Callable[[int], tuple[int, int]]] = {
     Op.TO_BOOL: lambda arg: (1, 1),
     Op.LOAD_ATTR: lambda arg: (1, 1),
     Op.LOAD_METHOD: lambda arg: (1, 2),  # the object; a callable and its NULL (or self)
+    Op.LOAD_SUPER_ATTR: lambda arg: (3, 1 + (arg & 1)),  # super, class, object; as LOAD_ATTR
     Op.BEFORE_WITH: lambda arg: (1, 2),  # the manager; its __exit__ and __enter__'s result
     Op.CHECK_EG_MATCH: lambda arg: (2, 2),  # exception, type; the rest and the match
     Op.PREP_RERAISE_STAR: lambda arg: (2, 1),  # exception, raised list; what to re-raise

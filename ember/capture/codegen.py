@@ -643,14 +643,21 @@ def build_break_replacement(
         pushed_back -= 1
     handled = _handle_again(cg, slots, base, frame)
     with guarded:  # from its operands on: 3.13 finds the handler of a failed call there
-        for i in range(base, pushed_back):
-            if slots[i].kind is Slot.NULL:
-                cg.push_null()
-            else:
-                cg.load_fast(frame.stack(i))
-                if slots[i].kind is Slot.ITERATOR:
-                    cg.get_iter()
-        _emit_unsupported(cg, inst, kw_names)
+        if inst.op is Op.LOAD_SUPER_ATTR:  # [super, class, object]: the lookup, as a call
+            cg.load_const(super_attribute, push_null=True)
+            cg.load_fast(frame.stack(base + 1))
+            cg.load_fast(frame.stack(base + 2))
+            cg.load_const(inst.argval)
+            cg.call(3)
+        else:
+            for i in range(base, pushed_back):
+                if slots[i].kind is Slot.NULL:
+                    cg.push_null()
+                else:
+                    cg.load_fast(frame.stack(i))
+                    if slots[i].kind is Slot.ITERATOR:
+                        cg.get_iter()
+            _emit_unsupported(cg, inst, kw_names)
     results = _results(inst, pushes)
     for i in reversed(range(pushes)):
         if results[i].kind is Slot.VALUE:
@@ -702,11 +709,16 @@ def _branch(
     return [(inst.index + 1, item), (inst.target, slots[:-1])]
 
 
+def super_attribute(cls: type, obj: Any, name: str) -> Any:
+    """What LOAD_SUPER_ATTR (3.12+) finds, run by break code: `super(cls, obj).name`."""
+    return getattr(super(cls, obj), name)
+
+
 def _results(inst: Inst, pushes: int) -> list[StackSlot]:
     """The slots the instruction run at the break leaves: values, but for LOAD_METHOD (of
-    an attribute that could not be traced: a property's getter that breaks) the bound
-    method and the NULL of the call it is for."""
-    if inst.op is Op.LOAD_METHOD:
+    an attribute that could not be traced: a property's getter that breaks) and the method
+    form of LOAD_SUPER_ATTR the bound method and the NULL of the call it is for."""
+    if inst.op is Op.LOAD_METHOD or inst.op is Op.LOAD_SUPER_ATTR and inst.push_null:
         return list(with_null(StackSlot(Slot.VALUE), StackSlot(Slot.NULL)))
     return [StackSlot(Slot.VALUE)] * pushes
 
@@ -786,6 +798,7 @@ _REPLAYABLE = frozenset(
         Op.UNARY_NOT,
         Op.LOAD_ATTR,
         Op.LOAD_METHOD,
+        Op.LOAD_SUPER_ATTR,
         Op.STORE_ATTR,
         Op.DELETE_ATTR,
         Op.STORE_SUBSCR,

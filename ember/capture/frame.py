@@ -380,6 +380,11 @@ def _live_at(code: types.CodeType, insts: list, targets: list[int]) -> frozenset
     for target in targets:
         if target < len(insts):
             names |= live_locals(code, insts[target].offset)
+    if "__class__" in code.co_freevars and code.co_argcount:
+        # zero-argument super() reads the first argument without naming it (3.11's
+        # bytecode has no LOAD_FAST for it): kept, and first in the resume function's
+        # parameters (resume.py _receiver_first)
+        names |= {code.co_varnames[0]}
     return frozenset(n for n in names if not n.startswith("___stack_"))
 
 

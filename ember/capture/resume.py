@@ -165,6 +165,25 @@ def make_resume_function(
     return made
 
 
+def _receiver_first(
+    code: types.CodeType, positional: list[str], cells: tuple[str, ...]
+) -> list[str]:
+    """The parameter names of a resume function of a method that calls zero-argument
+    `super()`: on 3.11 `super()` takes the frame's first local as its object, so the
+    method's own first argument (`self`, `cls`) must stay the first parameter. Its name and
+    the first positional one swap places (callers pass values in the usual order; the
+    prologue swaps the two values back)."""
+    if "__class__" not in code.co_freevars or not code.co_argcount:
+        return positional
+    receiver = code.co_varnames[0]
+    if receiver not in positional or positional[0] == receiver or receiver in cells:
+        return positional
+    swapped = list(positional)
+    k = swapped.index(receiver)
+    swapped[0], swapped[k] = receiver, positional[0]
+    return swapped
+
+
 def _build(
     fn: types.FunctionType,
     code: types.CodeType,
@@ -185,11 +204,18 @@ def _build(
         name if name.isidentifier() else f"___local_{i}" for i, name in enumerate(local_names)
     ]
     name = f"__resume_{code.co_name}_at_{offset}"
+    positional = stack_names + params
+    swapped = _receiver_first(code, positional, cells)
     try:
-        cg = Continuation(code, ordinal, name, stack_names + params)
+        cg = Continuation(code, ordinal, name, swapped)
     except CannotContinue as exc:
         raise Unsupported(BreakReason.UNSUPPORTED_OPCODE, str(exc)) from exc
     cg.take_cells(cells)
+    if swapped != positional:  # each of the two names takes the other's value back
+        cg.load_fast(swapped[0])
+        cg.load_fast(positional[0])
+        cg.store_fast(swapped[0])
+        cg.store_fast(positional[0])
     for param, name in zip(params, local_names):
         if param != name:  # `@py_assert1` (pytest's rewritten asserts) cannot be a parameter
             cg.load_fast(param)
