@@ -5,6 +5,7 @@ side_effects log channels, and that resumed functions are cached."""
 
 from __future__ import annotations
 
+import array
 import logging
 import types
 
@@ -20,13 +21,6 @@ from ember.testing import CompileCounter, assert_same
 x0 = torch.randn(3, 3, generator=torch.Generator().manual_seed(0))
 HERE = "test_break_reasons.py"
 G_VALUE = 1
-
-
-class Slotted:
-    __slots__ = ("v",)
-
-    def __init__(self):
-        self.v = 2
 
 
 class Obj:
@@ -59,8 +53,8 @@ def r_grad_attr(x):
     return x * 2 if g is None else x + g
 
 
-def r_slotted(x, s):
-    return x * s.v
+def r_c_object(x, s):
+    return x * s.itemsize  # an array.array: a C object ember cannot look into
 
 
 def r_list_index(x):
@@ -128,8 +122,8 @@ def r_checkpoint_logs(x):
 
 
 def _args(fn):
-    if fn is r_slotted:
-        return (x0.clone(), Slotted())
+    if fn is r_c_object:
+        return (x0.clone(), array.array("d", [1.0]))
     if fn is r_del_attr:
         return (x0.clone(), Obj())
     return (x0.clone(),)
@@ -140,7 +134,7 @@ REASONS = [
     (r_branch, BreakReason.DATA_DEPENDENT_BRANCH),
     (r_item, BreakReason.TENSOR_TO_PYTHON),
     (r_grad_attr, BreakReason.UNSUPPORTED_ATTRIBUTE),
-    (r_slotted, BreakReason.UNSUPPORTED_OBJECT),
+    (r_c_object, BreakReason.UNSUPPORTED_OBJECT),
     (r_list_index, BreakReason.UNSUPPORTED_OPERATOR),
     (r_raise, BreakReason.EXCEPTION_RAISED),
     (r_key_error, BreakReason.EXCEPTION_RAISED),

@@ -581,3 +581,56 @@ def test_numpy_scalars_in_tensor_ops(fn, backend):
     passed explicitly."""
     counts = check(fn, tensors((4, 6)), backend=backend)
     assert counts.breaks == 0
+
+
+# objects with __slots__ (their attributes live in member descriptors, not a __dict__)
+
+
+class _Slotted:
+    __slots__ = ("a", "b")
+
+    def __init__(self):
+        self.a = 2
+
+
+SLOTTED = _Slotted()
+
+
+def _reset_slotted():
+    SLOTTED.a = 2
+    if hasattr(SLOTTED, "b"):
+        del SLOTTED.b
+
+
+@dataclasses.dataclass(slots=True)
+class _SlotsConfig:
+    k: int = 3
+    t: torch.Tensor | None = None
+
+
+def p_slot_read(x):
+    return x * SLOTTED.a, hasattr(SLOTTED, "b"), getattr(SLOTTED, "b", 7)
+
+
+def p_slot_write(x):
+    SLOTTED.a = SLOTTED.a + 1
+    return x * SLOTTED.a
+
+
+def p_slots_dataclass(x, config):
+    return x * config.k + config.t
+
+
+def test_slots_are_read_and_written():
+    """Slots broke ("an object ember cannot look into", "goes through a member_descriptor
+    descriptor"); now read through the descriptor, guarded, and written via the ledger."""
+    for fn in (p_slot_read, p_slot_write):
+        counts = check(fn, tensors((3,)), state=lambda: SLOTTED.a, reset=_reset_slotted)
+        assert counts.breaks == 0
+    made = lambda: (*tensors((3,))(), _SlotsConfig(3, torch.ones(3)))  # noqa: E731
+    assert check(p_slots_dataclass, made, compare_args=False).breaks == 0
+    compiled = ember.compile(lambda x: x * SLOTTED.a)
+    for value in (2, 5, 2):
+        SLOTTED.a = value
+        assert torch.equal(compiled(torch.ones(2)), torch.full((2,), float(value)))
+    _reset_slotted()

@@ -33,7 +33,7 @@ from ember.capture.sources import (
     Source,
     iterator_state,
 )
-from ember.capture.values.base import ConstantValue, Value
+from ember.capture.values.base import ConstantValue, Value, from_class_statement
 from ember.capture.values.callables import getter_value
 from ember.capture.values.compiler import is_allowed_in_graph, register_dynamo_functions
 from ember.capture.values.containers import DictValue, ListValue, TupleValue, hashes_by_identity
@@ -83,6 +83,11 @@ _SINGLETON_TYPES = (enum.Enum, dataclasses.Field)
 _KEY_TYPES = (str, int, float, type(None), type, types.FunctionType, enum.Enum, torch.nn.Module)
 """Keys of an outside dict that ember can stand for: constants compared by value (in the key
 guard) and objects compared by identity (the guard holds them)."""
+
+
+def _slotted(cls: type) -> bool:
+    """A class written in Python whose instances keep their attributes in `__slots__`."""
+    return from_class_statement(cls) and any("__slots__" in vars(k) for k in cls.__mro__)
 
 
 def _is_torch_function(fn: Any) -> bool:
@@ -357,7 +362,7 @@ class ValueBuilder:
         if isinstance(value, BaseException):  # a handler's exception, caught at a break
             guards.add(GuardKind.TYPE_MATCH, source, type(value))
             return ExceptionValue(type(value), [], source, value)
-        if hasattr(value, "__dict__") and not isinstance(value, type):
+        if (hasattr(value, "__dict__") or _slotted(type(value))) and not isinstance(value, type):
             guards.add(GuardKind.TYPE_MATCH, source, type(value))
             return UserObjectValue(type(value), source, value)
         guards.add(GuardKind.TYPE_MATCH, source, type(value))

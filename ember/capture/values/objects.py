@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ember.capture.guards import GuardKind
 from ember.capture.sources import (
     AttrSource,
     ConstSource,
@@ -308,6 +309,11 @@ class UserObjectValue(Value):
         if name in instance_dict and not _is_data_descriptor(self.cls, name):
             source = attr_source(self.source, name, self.cls)
             return tx.ctx.builder.wrap(instance_dict[name], source)
+        if _is_slot(self.cls, name):  # `__slots__` storage: set, or still unset
+            if hasattr(self.obj, name):
+                return tx.ctx.builder.wrap(getattr(self.obj, name), AttrSource(self.source, name))
+            tx.ctx.guards.add(GuardKind.MISSING_ATTR, self.source, name)
+            raise MissingAttribute(f"{self.describe()} has no attribute {name!r} (an unset slot)")
         return _instance_lookup(tx, self, self.cls, name, self.source)
 
     def _instance_dict(self, tx: Translator) -> Value:
@@ -355,8 +361,10 @@ class UserObjectValue(Value):
         tx.ctx.effects.drop_attr(self, name)
 
     def generic_setattr(self, tx: Translator, name: str, value: Value) -> None:
-        """`object.__setattr__`: a property's setter is inlined, other data descriptors
-        (slots, C members) are refused, anything else is an instance-dict write."""
+        """`object.__setattr__`: a property's setter is inlined, a slot of an object from
+        outside and anything else not a data descriptor is a recorded write (replayed as
+        `obj.name = value`); other data descriptors (C members, slots of objects made in
+        the trace) are refused."""
         for klass in self.cls.__mro__:
             attr = klass.__dict__.get(name)
             if attr is None:
@@ -369,6 +377,8 @@ class UserObjectValue(Value):
                 descriptor = _descriptor_value(tx, klass, name)
                 UserFunctionValue(setter).call(tx, [descriptor, self, value], {})
                 return
+            if isinstance(attr, types.MemberDescriptorType) and not self.is_new:
+                break  # a slot of an object from outside: replayed as `obj.name = value`
             if hasattr(type(attr), "__set__"):
                 raise Unsupported(
                     BreakReason.SIDE_EFFECT,
@@ -598,6 +608,15 @@ class SuperValue(Value):
         em.cg.load_const(self.cls)
         em.reconstruct(self.obj)
         em.cg.call(2)
+
+
+def _is_slot(cls: type, name: str) -> bool:
+    """`name` is a `__slots__` member of a class written in Python (read through its
+    member descriptor, guarded like an instance attribute)."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return isinstance(klass.__dict__[name], types.MemberDescriptorType)
+    return False
 
 
 def _is_data_descriptor(cls: type, name: str) -> bool:
