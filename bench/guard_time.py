@@ -4,10 +4,11 @@ can be reused, on tiny random transformers models (ember/testing/models.py), inf
 Both compile with backend "eager" (the guards do not depend on the backend) and run the
 model once under `torch.no_grad()` (capture) and once more (the cached path). Then:
 
-- ember: every `FrameCache.lookup` a cached call makes (the top-level forward's and those of
-  any resume or nested function) is recorded with its arguments during one call; these
-  lookups are then replayed in a loop. That is the whole of ember's guard evaluation: the
-  generated check function of the entry that matches (and of any tried before it).
+- ember: every `FrameCache.lookup` or `find` (a module class's compiled forward) a cached
+  call makes (the top-level forward's and those of any resume or nested function) is
+  recorded with its arguments during one call; these lookups are then replayed in a loop.
+  That is the whole of ember's guard evaluation: the generated check function of the entry
+  that matches (and of any tried before it).
 - Dynamo: the cache entries of the model's `forward` code (`_debug_get_cache_entry_list`);
   the locals the frame would have are made by binding the call's arguments to `forward`'s
   signature (defaults applied) and adding its closure's cells, and the root guard
@@ -28,6 +29,7 @@ per call.
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import statistics
 import sys
@@ -65,26 +67,42 @@ def ember_guards(name: str) -> tuple[Callable[[], Any], int]:
     with torch.no_grad():
         compiled(**inputs)
         compiled(**inputs)
-    recorded: list[tuple[Any, tuple, dict]] = []
-    original = frame_cache.FrameCache.lookup
+    # plain functions look up with `lookup(args, kwargs)`; the compiled forward of a module
+    # class (a closure's wrapper) with `find(matches)`, its guard bound to the call
+    recorded: list[tuple[Callable[..., Any], tuple]] = []
+    cache_class = frame_cache.FrameCache
+    originals = {name: getattr(cache_class, name) for name in ("lookup", "find")}
 
-    def recording(self: Any, args: tuple, kwargs: dict) -> Any:
-        recorded.append((self, args, kwargs))
-        return original(self, args, kwargs)
+    def recording(name: str) -> Callable[..., Any]:
+        original = originals[name]
 
-    frame_cache.FrameCache.lookup = recording
+        def method(self: Any, *args: Any) -> Any:
+            if not recording_depth:
+                recorded.append((functools.partial(original, self), args))
+            recording_depth.append(1)
+            try:
+                return original(self, *args)
+            finally:
+                recording_depth.pop()
+
+        return method
+
+    recording_depth: list[int] = []
+    for name in originals:
+        setattr(cache_class, name, recording(name))
     try:
         with torch.no_grad():
             compiled(**inputs)
     finally:
-        frame_cache.FrameCache.lookup = original
+        for name, original in originals.items():
+            setattr(cache_class, name, original)
     with torch.no_grad():
-        for cache, args, kwargs in recorded:
-            assert cache.lookup(args, kwargs) is not None, "a cached call missed"
+        for call, args in recorded:
+            assert call(*args) is not None, "a cached call missed"
 
     def lookups() -> None:
-        for cache, args, kwargs in recorded:
-            cache.lookup(args, kwargs)
+        for call, args in recorded:
+            call(*args)
 
     lookups.keep = (model, compiled)  # type: ignore[attr-defined]
     return lookups, len(recorded)

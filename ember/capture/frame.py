@@ -35,7 +35,7 @@ from ember.capture.codegen import (
     build_replacement,
     can_resume_after,
 )
-from ember.capture.guards import build_guard_function
+from ember.capture.guards import GuardKind, build_guard_function
 from ember.capture.handlers.control import enters_in_python, is_autocast
 from ember.capture.live_values import live_tensors
 from ember.capture.nested import frame_function, passes_free_cells
@@ -111,6 +111,7 @@ def capture_call(
         compiled = _compile_graph(backend, graph, harvest.example_inputs)
         fn.__globals__[compiled_name] = compiled
     ctx.out.guard_sizes()
+    _guard_distinct_from_changed(ctx)
     guard = build_guard_function(ctx.guards, fn)
     if logs.enabled("guards"):
         logs.log("guards", "GUARDS for %s\n%s", fn.__qualname__, guard.source_text)
@@ -143,6 +144,23 @@ def capture_call(
     for listener in _listeners:
         listener(entry)
     return entry
+
+
+def _guard_distinct_from_changed(ctx: Any) -> None:
+    """An outside list, dict or object the trace changed is a different object from every
+    other outside value of its type the trace read: the graph and ledger assumed so (a
+    later `f(x, l, l)` after `f(x, [], [])` must not reuse them: the append through one
+    name is seen through the other)."""
+    outside = ctx.builder.outside_values()
+    guarded: set[frozenset[int]] = set()
+    for changed in ctx.effects.changed_outside():
+        kind = changed.python_type()
+        for other in outside:
+            pair = frozenset((id(changed), id(other)))
+            if other is changed or pair in guarded or other.python_type() is not kind:
+                continue
+            guarded.add(pair)
+            ctx.guards.add(GuardKind.DISTINCT_OBJECTS, changed.source, other.source)
 
 
 class _BreakInCaller(Exception):

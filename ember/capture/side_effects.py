@@ -115,6 +115,12 @@ class SideEffects:
         if container.source is not None:
             self._containers[id(container)] = container
 
+    def changed_outside(self) -> list[Value]:
+        """Outside containers and objects the trace changed (list, dict and set contents,
+        attributes)."""
+        objects = [obj for obj, attrs in self._attrs.values() if attrs and obj.source]
+        return [*self._containers.values(), *objects]
+
     def store_global(self, f_globals: dict, name: str, value: Value) -> None:
         self._check_fence(None, f"the global {name!r}")
         self.version += 1

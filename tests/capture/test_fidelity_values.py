@@ -367,3 +367,33 @@ def test_equality_of_objects_without_eq_is_guarded():
     for kind in (KIND_A, KIND_B, KIND_A, _Kind("d"), KIND_B, _Kind("e"), KIND_A):
         holder.kind = kind
         assert_same(compiled(x, holder), _sentinel_equality(x, holder))
+
+
+def _append_then_count(x, a, b):
+    a.append(1)
+    return x * len(b)
+
+
+class _Box:
+    def __init__(self):
+        self.n = 0
+
+
+def _bump_then_read(x, a, b):
+    a.n += 1
+    return x * b.n
+
+
+def test_a_changed_argument_aliased_on_a_later_call():
+    """`f(x, [], [])` then `f(x, l, l)`: the graph and ledger of the first call assumed two
+    objects, so the second reused them and missed the append through the other name (a
+    wrong answer; torch.compile gives the same). A changed outside object is now guarded
+    distinct from the other outside values of its type."""
+    for fn, make in ((_append_then_count, list), (_bump_then_read, _Box)):
+        ember.reset()
+        compiled = ember.compile(fn)
+        x = torch.ones(2)
+        assert_same(compiled(x, make(), make()), fn(x, make(), make()))
+        shared, shared_eager = make(), make()
+        assert_same(compiled(x, shared, shared), fn(x, shared_eager, shared_eager))
+        assert_same(compiled(x, make(), make()), fn(x, make(), make()))

@@ -134,6 +134,10 @@ class ValueBuilder:
         self._real[id(result)] = (result, value)
         return result
 
+    def outside_values(self) -> list[Value]:
+        """The values this capture made of outside objects (each reached through a source)."""
+        return [value for value, _ in self._real.values() if value.source is not None]
+
     def existing(self, obj: Any) -> Value | None:
         """The value this capture already made of the outside object `obj`, if any."""
         return self._by_id.get(id(obj))
