@@ -26,11 +26,9 @@ from ember.backends import backend_name
 from ember.bytecode import Op
 from ember.capture import stats
 from ember.capture.autocast import without_callers_autocast
+from ember.capture.break_site import BreakSite, CallerSite, Handler
 from ember.capture.cache import CacheEntry
 from ember.capture.codegen import (
-    BreakSite,
-    CallerSite,
-    Handler,
     build_break_replacement,
     build_replacement,
     can_resume_after,
