@@ -24,12 +24,7 @@ import torch
 
 from ember import torch_compat
 from ember.bytecode import CodeBuilder, Inst, Op, operands, with_null
-from ember.capture.break_site import (
-    BreakSite,
-    CallerSite,
-    FrameVars,
-    cell_temp,
-)
+from ember.capture.break_site import BreakSite, CallerSite, FrameVars, Handler, cell_temp
 from ember.capture.output_graph import Harvest
 from ember.capture.resume import PASSED, Slot, StackSlot
 from ember.capture.shapes import concrete, is_symbolic
@@ -383,17 +378,22 @@ class _ReturnThroughCallers:
         resume function at its handler (as `_resume_at_handler` does for the frame that
         broke)."""
         handler, frame = caller.site.handler, caller.frame
-        self.cg.store_fast(frame.stack(handler.depth + handler.lasti))
-        if handler.lasti:
-            self.cg.load_const(0)
-            self.cg.store_fast(frame.stack(handler.depth))
-        at_handler = [
-            *caller.slots[: handler.depth],
-            *[StackSlot(Slot.VALUE)] * (1 + handler.lasti),
-        ]
+        at_handler = _store_caught(self.cg, handler, caller.slots, frame)
         resume = caller.site.make_resume(handler.target, at_handler, caller.names)
         _set_grad_mode(self.cg, caller.site.grad_mode_at_call)
         _call_resume(self.cg, resume, at_handler, caller.names, caller.site.cells, frame)
+
+
+def _store_caught(
+    cg: CodeBuilder, handler: Handler, slots: list[StackSlot], frame: FrameVars
+) -> list[StackSlot]:
+    """The exception on the stack (and, for a handler that takes it, a raising offset)
+    into the slots above the stack the handler keeps; returns the handler's stack slots."""
+    cg.store_fast(frame.stack(handler.depth + handler.lasti))
+    if handler.lasti:
+        cg.load_const(0)
+        cg.store_fast(frame.stack(handler.depth))
+    return [*slots[: handler.depth], *[StackSlot(Slot.VALUE)] * (1 + handler.lasti)]
 
 
 @dataclasses.dataclass
@@ -685,15 +685,10 @@ def _resume_at_handler(
     first instruction's stands for it."""
     if site.handler is None:
         return
-    depth, lasti = site.handler.depth, site.handler.lasti
     frame = site.frame
     cg.place(label)
-    cg.store_fast(frame.stack(depth + lasti))
-    if lasti:
-        cg.load_const(0)
-        cg.store_fast(frame.stack(depth))
+    at_handler = _store_caught(cg, site.handler, slots, frame)
     _stop_handling(cg, handled)
-    at_handler = [*slots[:depth], *[StackSlot(Slot.VALUE)] * (1 + lasti)]
     _set_grad_mode(cg, entry_mode)
     resume = site.make_resume(site.handler.target, at_handler, local_names, site.grad_mode)
     _call_resume(cg, resume, at_handler, local_names, site.cells, frame)

@@ -42,6 +42,7 @@ from ember.capture.resume import (
     handler_at,
     live_locals,
     make_resume_function,
+    super_receiver,
 )
 from ember.capture.shapes import DynamicPolicy, SizeRecord
 from ember.capture.translator import (
@@ -246,7 +247,10 @@ def _capture(
         wrap,
         mode_at_break if mode_at_break != grad_mode else None,
         _handler(at.fn.__code__, host),
-        [part.caller(wrap, below.tracer) for part, below in zip(callers, parts[1:])],
+        [
+            part.caller(wrap, below.tracer.entry_grad_mode)
+            for part, below in zip(callers, parts[1:])
+        ],
     )
     try:
         with _break_where_generators_are_made(tracer, host), _in_caller_on_failure(frames):
@@ -373,9 +377,8 @@ class _FrameAtBreak:
         contents = [getattr(cell, "contents", None) for cell in self.cells.values()]
         return [*self.tracer.stack, *self.kept.values(), *filter(None, contents)]
 
-    def caller(self, wrap: Callable[..., Any], callee: Any) -> CallerSite:
-        """This frame as the caller of the frame below (`callee`, its translator),
-        continuing after its call."""
+    def caller(self, wrap: Callable[..., Any], grad_mode_at_call: bool) -> CallerSite:
+        """This frame as the caller of the frame below, continuing after its call."""
         return CallerSite(
             self.tracer.current.index + 1,
             self.tracer.stack,
@@ -384,7 +387,7 @@ class _FrameAtBreak:
             self.cells,
             functools.partial(_install_resume, self.fn, self.tracer, wrap, tuple(self.cells)),
             _handler(self.fn.__code__, self.tracer),
-            callee.entry_grad_mode,
+            grad_mode_at_call,
         )
 
 
@@ -396,11 +399,9 @@ def _live_at(code: types.CodeType, insts: list, targets: list[int]) -> frozenset
     for target in targets:
         if target < len(insts):
             names |= live_locals(code, insts[target].offset)
-    if "__class__" in code.co_freevars and code.co_argcount:
-        # zero-argument super() reads the first argument without naming it (3.11's
-        # bytecode has no LOAD_FAST for it): kept, and first in the resume function's
-        # parameters (resume.py _receiver_first)
-        names |= {code.co_varnames[0]}
+    receiver = super_receiver(code)  # read by zero-argument super() without a LOAD_FAST
+    if receiver is not None:
+        names |= {receiver}
     return frozenset(n for n in names if not n.startswith("___stack_"))
 
 

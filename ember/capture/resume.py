@@ -165,18 +165,26 @@ def make_resume_function(
     return made
 
 
+def super_receiver(code: types.CodeType) -> str | None:
+    """The first argument of a method that may call zero-argument `super()` (it has a
+    `__class__` cell): on 3.11 `super()` reads it as the frame's first local, without a
+    LOAD_FAST that liveness or a resume function's parameters would see."""
+    if "__class__" not in code.co_freevars or not code.co_argcount:
+        return None
+    return code.co_varnames[0]
+
+
 def _receiver_first(
     code: types.CodeType, positional: list[str], cells: tuple[str, ...]
 ) -> list[str]:
     """The parameter names of a resume function of a method that calls zero-argument
-    `super()`: on 3.11 `super()` takes the frame's first local as its object, so the
-    method's own first argument (`self`, `cls`) must stay the first parameter. Its name and
-    the first positional one swap places (callers pass values in the usual order; the
-    prologue swaps the two values back)."""
-    if "__class__" not in code.co_freevars or not code.co_argcount:
+    `super()`: the method's own first argument (`self`, `cls`) must stay the first
+    parameter. Its name and the first positional one swap places (callers pass values in
+    the usual order; the prologue swaps the two values back)."""
+    receiver = super_receiver(code)
+    if receiver is None or receiver not in positional or receiver in cells:
         return positional
-    receiver = code.co_varnames[0]
-    if receiver not in positional or positional[0] == receiver or receiver in cells:
+    if positional[0] == receiver:
         return positional
     swapped = list(positional)
     k = swapped.index(receiver)
