@@ -67,6 +67,17 @@ class CompileOptions:
         self.backend = _with_mode(lookup(backend), mode)
         self.mode = mode
         self.options = dict(options or {})
+        self._asked_backend = lookup(backend)  # held, so that its id in the key stays its own
+        self._key = (fullgraph, dynamic, mode, id(self._asked_backend))
+
+    def __eq__(self, other: object) -> bool:
+        """Options asked for alike compare equal, so that separate `ember.compile` calls of
+        one code (a block class's forward, compiled per instance in the FSDP recipe) share
+        its cache, as torch.compile's calls share a code's cache entries."""
+        return isinstance(other, CompileOptions) and self._key == other._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
 
 
 def _with_mode(backend: Any, mode: str | None) -> Any:

@@ -4,10 +4,12 @@ miss captures anew; past the recompile limit the code runs eagerly from then on.
 
 Ownership: a compiled function (the wrapper `ember.compile` returns, or one that break code
 calls) owns its `FrameCache`; wrappers of the same code with the same options share it
-through a weak registry. Nothing global keeps a cache, an entry or a user's object alive:
-when the last wrapper goes, its entries go, with the `__compiled_fn_N` each installed in the
-user's globals. An entry whose guard names an object by identity (a module, a function) is
-dropped when that object dies, so a compiled model is freed with the model.
+through a weak registry (options compare equal when asked for alike, so each block of a
+model compiled on its own shares its class's forward cache). Nothing global keeps a cache,
+an entry or a user's object alive: when the last wrapper goes, its entries go, with the
+`__compiled_fn_N` each installed in the user's globals. An entry whose guard names an object
+by identity (a function, a class) is dropped when that object dies; modules are guarded by
+type, so no entry holds a model.
 """
 
 from __future__ import annotations

@@ -275,9 +275,17 @@ def test_module_as_argument():
         x = x_seq()
         assert_same(compiled(block, x), f(block, x), rtol=1e-4, atol=1e-5)
     assert counter.frame_count == 1
-    other = Block().eval()  # another module object: its identity is guarded
+    # another module object of the class: its type and attributes are guarded, its
+    # parameters are the graph's inputs, so the graph serves it (Dynamo's does too)
+    other = Block().eval()
     x = x_seq()
     assert_same(compiled(other, x), f(other, x), rtol=1e-4, atol=1e-5)
+    assert counter.frame_count == 1
+    other.train()  # what the trace read of it differs: a new graph
+    torch.manual_seed(0)
+    got = compiled(other, x)
+    torch.manual_seed(0)
+    assert_same(got, f(other, x), rtol=1e-4, atol=1e-5)
     assert counter.frame_count == 2
 
 

@@ -81,7 +81,9 @@ def test_fsdp_blocks_compiled_train_as_eager_fsdp(pair):
             torch.testing.assert_close(ours, eager, rtol=1e-5, atol=1e-6)
         stats = result["stats"]
         assert stats["graph_breaks"] == 0 and stats["eager_frames"] == 0, stats
-        assert result["graphs"] == 3  # one per block: each is its own module
+        # the blocks share graphs, as under Dynamo: the first block's input needs no grad,
+        # the next ones' do (a module is guarded by its type, its parameters are inputs)
+        assert result["graphs"] == 2
     for a, b in zip(results[0]["ember"], results[1]["ember"], strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
@@ -147,10 +149,11 @@ def test_nested_fsdp1_blocks_run_in_python_with_their_modules_compiled(pair):
         stats = result["stats"]
         assert stats["eager_frames"] == 0, stats
         # each nested FSDP1 call breaks the root's graph and runs in Python; the block it
-        # wraps is compiled (one graph per block: their guards hold each block's identity)
+        # wraps is compiled (the blocks share graphs: the first block's input needs no grad,
+        # the later ones' do; the head's graph is the third)
         assert {r.rsplit(" at ", 1)[0] for r in stats["break_reasons"]} == {
             "call to a function ember cannot trace: module FullyShardedDataParallel is a "
             "FullyShardedDataParallel (FSDP1) call (it all-gathers its flat parameter and "
             "points the wrapped module's parameters at it): it runs in Python"
         }
-        assert result["graphs"] >= 4  # the three blocks and the head
+        assert result["graphs"] == 3

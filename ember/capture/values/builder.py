@@ -206,7 +206,7 @@ class ValueBuilder:
         if value is os.environ:
             return self._wrap_environ(source)
         if isinstance(value, torch.nn.Module):
-            guards.add(GuardKind.ID_MATCH, source, value)
+            guards.add(GuardKind.TYPE_MATCH, source, type(value))
             return ModuleValue(value, source)
         if type(value) is weakref.ReferenceType:
             guards.add(GuardKind.TYPE_MATCH, source, weakref.ReferenceType)

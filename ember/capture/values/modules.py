@@ -1,14 +1,17 @@
 """Calling nn.Modules during capture (forward hooks and pre-hooks traced inline, as
 `Module._call_impl` runs them) and nn.Modules made during capture.
 
-A module reached from the frame is guarded by identity (`ModuleValue`). A module the traced
-code makes (`nn.CrossEntropyLoss()` in a forward, `layers[1:]` of a Sequential) is a new object
-on every eager call, so guarding its identity would fail on every call: T5 and BERT training
-recompiled until the limit. Such a `BornModuleValue` carries the recipe that makes it (its
-class and constant arguments, or the container and the slice) and is rebuilt from it only if
-it escapes the graph. Its children, for a slice, are the parent's children with their own
-guarded sources. Modules made with parameters or buffers are refused: eager would draw new
-random weights on every call.
+A module reached from the frame (`ModuleValue`) is guarded by its type and by what the trace
+reads of it, not by its identity: its parameters and buffers are graph inputs read at each
+call, so the blocks of a model share one graph (each block compiled on its own, FSDP2's
+recipe, as under torch.compile). A module the traced code makes (`nn.CrossEntropyLoss()` in
+a forward, `layers[1:]` of a Sequential) is a new object on every eager call, so guarding
+its identity would fail on every call: T5 and BERT training recompiled until the limit. Such
+a `BornModuleValue` carries the recipe that makes it (its class and constant arguments, or
+the container and the slice) and is rebuilt from it only if it escapes the graph. Its
+children, for a slice, are the parent's children with their own guarded sources. Modules
+made with parameters or buffers are refused: eager would draw new random weights on every
+call.
 """
 
 from __future__ import annotations

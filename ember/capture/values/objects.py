@@ -88,12 +88,19 @@ def _instance_lookup(tx: Translator, owner: Value, cls: type, name: str, source)
     from ember.capture.guards import GuardKind
 
     try:
-        return _class_attribute(tx, owner, cls, name, source)
+        found = _class_attribute(tx, owner, cls, name, source)
     except MissingAttribute as exc:
         if exc.missing_on is cls and not exc.guarded and source is not None:
             tx.ctx.guards.add(GuardKind.ABSENT_ATTR, source, (name, cls))
             exc.guarded = True
         raise
+    real = tx.ctx.builder.real_object(owner)
+    if source is not None and hasattr(real, "__dict__") and not _is_data_descriptor(cls, name):
+        # an instance attribute of that name would come first (`block.forward = ...`, or
+        # another object of the class, which the type guard alone lets through)
+        instance_dict = attr_source(source, "__dict__", cls)
+        tx.ctx.guards.add(GuardKind.DICT_CONTAINS, instance_dict, (name, False))
+    return found
 
 
 def _descriptor_value(tx: Translator, klass: type, name: str) -> Value:
@@ -161,7 +168,8 @@ class BuiltinMethodValue(Value):
 
 
 class ModuleValue(Value):
-    """An nn.Module reached from the frame; its forward is inlined."""
+    """An nn.Module reached from the frame; its forward is inlined. Guarded by type (see
+    values/modules.py): every read of it adds its own guard."""
 
     def __init__(self, module: torch.nn.Module, source) -> None:
         self.module = module
