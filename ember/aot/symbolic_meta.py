@@ -164,7 +164,7 @@ def _rebuild(func: Any, args: tuple, src_offset: Any, out: Any) -> Any:
     else:
 
         def make(o: torch.Tensor) -> torch.Tensor:
-            return _fresh(o.shape, o.stride(), o.dtype, o.storage_offset())
+            return hollow_tensor(o.shape, o.stride(), o.dtype, o.storage_offset())
 
     if isinstance(out, torch.Tensor):
         return make(out)
@@ -223,7 +223,7 @@ def contiguous_view(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None
         return None
     if func is aten.view.default:
         return src.as_strided(size, _contiguous_strides(size, operands), 0)
-    return _fresh(size, _contiguous_strides(size, operands), src.dtype)
+    return hollow_tensor(size, _contiguous_strides(size, operands), src.dtype)
 
 
 def _size_of(e: sympy.Expr, operands: Sequence[Any]) -> Any:
@@ -279,10 +279,12 @@ def _contiguous_strides(size: Sequence[Any], operands: Sequence[Any] = ()) -> li
 
 
 def _contiguous(size: Sequence[Any], dtype: torch.dtype, operands: Sequence[Any] = ()):
-    return _fresh(size, _contiguous_strides(size, operands), dtype)
+    return hollow_tensor(size, _contiguous_strides(size, operands), dtype)
 
 
-def _fresh(size: Sequence[Any], stride: Sequence[Any], dtype: torch.dtype, offset: Any = 0):
+def hollow_tensor(
+    size: Sequence[Any], stride: Sequence[Any], dtype: torch.dtype, offset: Any = 0
+) -> torch.Tensor:
     """A new meta tensor (no view of another) of this layout. `torch.empty_strided` would
     work out its storage size from the symbolic sizes, some ten SymInt operations of ~0.2
     ms each in a Dynamo ShapeEnv; a meta tensor's storage holds nothing, so the layout is
@@ -320,7 +322,7 @@ def pointwise(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
         return None
     if dtype is None:
         return None
-    return _fresh(widest.shape, widest.stride(), dtype)
+    return hollow_tensor(widest.shape, widest.stride(), dtype)
 
 
 def _describe(tree: Any) -> Any:
@@ -403,8 +405,8 @@ def layer_norm(func: Any, args: tuple, kwargs: dict) -> tuple[torch.Tensor, ...]
         ):
             return None
     stats = _contiguous((*x.shape[:-k], *(1,) * k), x.dtype, (*x.shape, *x.stride()))
-    out = _fresh(x.shape, x.stride(), x.dtype)
-    return out, stats, _fresh(stats.shape, stats.stride(), x.dtype)
+    out = hollow_tensor(x.shape, x.stride(), x.dtype)
+    return out, stats, hollow_tensor(stats.shape, stats.stride(), x.dtype)
 
 
 def unsqueeze(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
@@ -447,7 +449,7 @@ def like(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
     formats = (None, torch.preserve_format, torch.contiguous_format)
     if not plain or kwargs.get("memory_format") not in formats or not _canonical(src):
         return None
-    return _fresh(src.shape, src.stride(), kwargs.get("dtype") or src.dtype)
+    return hollow_tensor(src.shape, src.stride(), kwargs.get("dtype") or src.dtype)
 
 
 def _stand_in(described: Any) -> Any:

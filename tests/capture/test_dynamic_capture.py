@@ -7,6 +7,7 @@ question is "no worse than torch.compile", from Dynamo's own count on the same f
 
 from __future__ import annotations
 
+import copy
 import logging
 import operator
 
@@ -481,3 +482,62 @@ def test_an_int_attribute_read_twice_is_one_symbol():
         assert_same(compiled(x), x * k + k)
     assert counter.frame_count == 2
     assert len(symbol_placeholders(counter.graphs[-1])) == 1
+
+
+def _capture_layouts(gm: torch.fx.GraphModule) -> list[str]:
+    def text(v):
+        if isinstance(v, torch.Tensor):
+            return f"{v.dtype} {tuple(v.shape)} {v.stride()} {v.storage_offset()} {v.requires_grad}"
+        return str(v)
+
+    leaves = torch.utils._pytree.tree_leaves
+    return [
+        f"{n.format_node()} :: {[text(v) for v in leaves(n.meta.get('example_value'))]}"
+        for n in gm.graph.nodes
+    ]
+
+
+@pytest.mark.parametrize("case", ["layers training", "gpt2"])
+def test_symbolic_capture_with_layout_shortcuts_makes_the_same_graphs(monkeypatch, case):
+    """A dynamic capture's ops on symbolic sizes are answered by ember.aot's exact layout
+    shortcuts (values/meta.py `_Shortcuts`) where they apply: the same graphs, node for node
+    with every example value's layout, and the same guards as with torch's meta kernels."""
+    from ember.aot import symbolic_meta
+    from ember.capture.values import meta
+    from ember.testing.models import VOCAB, by_name
+
+    torch.manual_seed(0)
+    training = case == "layers training"
+    if training:
+        layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+        fn = torch.nn.Sequential(layer, copy.deepcopy(layer))
+        make = lambda t: torch.randn(2, t, 16, requires_grad=True)  # noqa: E731
+    else:
+        model = by_name("gpt2").build()[0].eval()
+        fn = lambda ids: model(input_ids=ids, use_cache=False).logits  # noqa: E731
+        make = lambda t: torch.randint(0, VOCAB, (2, t))  # noqa: E731
+    seen = {}
+    for enabled in (True, False):
+        monkeypatch.setattr(symbolic_meta, "ENABLED", enabled)
+        symbolic_meta.stats.clear()
+        meta.clear_cache()
+        graphs = []
+
+        def backend(gm, example_inputs, graphs=graphs):
+            graphs.append(_capture_layouts(gm))
+            return gm.forward
+
+        compiled = ember.compile(fn, backend=backend)
+        for t in (3, 7, 12):
+            x = make(t)
+            with torch.set_grad_enabled(training):
+                assert_same(compiled(x), fn(x), rtol=1e-5, atol=1e-5)
+        guards = [
+            e.guard.conditions
+            for e in frame_cache.cache_for(fn.forward.__code__ if training else fn.__code__).entries
+        ]
+        seen[enabled] = (graphs, guards)
+        if enabled:
+            assert symbolic_meta.stats["recalled"] + symbolic_meta.stats["pointwise"] > 5
+    assert len(seen[True][0]) == 2  # static, then dynamic
+    assert seen[True] == seen[False]

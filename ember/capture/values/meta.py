@@ -13,15 +13,19 @@ from __future__ import annotations
 import contextlib
 import math
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.fx.experimental.symbolic_shapes  # noqa: F401  (see below)
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
 from ember.capture.shapes import SYM_TYPES
 from ember.meta import META as _META
 from ember.torch_compat import python_dispatcher, without_dynamo
+
+if TYPE_CHECKING:
+    from ember.aot.symbolic_meta import SymbolicMeta
 
 # Every `torch._check` in PyTorch's Python meta kernels imports symbolic_shapes on first use
 # (60-100 ms here): imported with ember rather than inside a process's first capture, as
@@ -52,11 +56,12 @@ def run_on_meta(kind: str, target: Any, args: list, kwargs: dict) -> Any:
         cache = _cache if found.env is None else _symbolic_cache(found.env)
         recipe = cache.get(key)
     except (_Uncacheable, TypeError):  # TypeError: an unhashable target or argument
-        return _run(kind, target, args, kwargs, _symbolic(args) or _symbolic(kwargs))
+        symbolic = _symbolic(args) or _symbolic(kwargs)
+        return _run(kind, target, args, kwargs, symbolic, None)
     if recipe is not None:
         return _rebuild(recipe, found.tensors)
     versions = [t._version for t in found.tensors]
-    result = _run(kind, target, args, kwargs, found.env is not None)
+    result = _run(kind, target, args, kwargs, found.env is not None, found.env)
     cache.record(key, result, found.tensors, versions)
     return result
 
@@ -71,11 +76,37 @@ def _symbolic(tree: Any) -> bool:
     return False
 
 
-def _run(kind: str, target: Any, args: list, kwargs: dict, symbolic: bool) -> Any:
+def _run(kind: str, target: Any, args: list, kwargs: dict, symbolic: bool, env: Any) -> Any:
     if symbolic:  # C++ meta kernels want concrete sizes; their Python decompositions take SymInts
-        with python_dispatcher():
+        shortcuts = _Shortcuts(_symbolic_layouts(env)) if env is not None else _no_mode()
+        with python_dispatcher(), shortcuts:
             return without_dynamo(call_target, kind, target, args, kwargs)
     return without_dynamo(call_target, kind, target, args, kwargs)
+
+
+class _Shortcuts(TorchDispatchMode):
+    """The aten ops a torch call on symbolic sizes decomposes into, answered by ember.aot's
+    exact layout shortcuts where they apply (symbolic_meta.py: layouts recalled from an
+    earlier op of the capture, views of contiguous tensors, pointwise ops, products, layer
+    norm), instead of torch's Python meta kernels and their sympy arithmetic."""
+
+    def __init__(self, layouts: SymbolicMeta) -> None:
+        super().__init__()
+        self.layouts = layouts
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None):
+        kwargs = kwargs or {}
+        out, key = self.layouts.result(func, args, kwargs)
+        if out is not None:
+            return out
+        out = func(*args, **kwargs)
+        if key is not None:
+            self.layouts.remember(key, args, out)
+        return out
+
+
+def _no_mode() -> Any:
+    return contextlib.nullcontext()
 
 
 def call_target(kind: str, target: Any, args: list, kwargs: dict) -> Any:
@@ -231,8 +262,25 @@ def _rebuild(recipe: tuple, inputs: list[torch.Tensor]) -> Any:
             return torch.empty_strided(shape, stride, dtype=dtype, device=_META)
         if base[0] == "input":
             return inputs[base[1]].as_strided(shape, stride, base[2])
-        fresh = torch.empty_strided(base[1], base[2], dtype=dtype, device=_META)
+        if base[0] == "hollow":
+            return _hollow_tensor(shape, stride, dtype, base[1])
+        if base[4]:
+            fresh = _hollow_tensor(base[1], base[2], dtype)
+        else:
+            fresh = torch.empty_strided(base[1], base[2], dtype=dtype, device=_META)
         return fresh.as_strided(shape, stride, base[3])
+
+
+def _hollow_tensor(*layout: Any) -> torch.Tensor:
+    from ember.aot.symbolic_meta import hollow_tensor
+
+    return hollow_tensor(*layout)
+
+
+def _hollow(t: torch.Tensor) -> bool:
+    """A tensor made by a layout shortcut (symbolic_meta.hollow_tensor): its layout on a
+    storage of no bytes."""
+    return t.untyped_storage().nbytes() == 0 and t.numel() != 0
 
 
 class _MetaCache:
@@ -288,7 +336,9 @@ class _MetaCache:
             base = ("input", shared[0], result.storage_offset())
         elif result._is_view():  # of a fresh tensor the kernel made (a transposed result)
             fresh = result._base
-            base = ("fresh", fresh.shape, fresh.stride(), result.storage_offset())
+            base = ("fresh", fresh.shape, fresh.stride(), result.storage_offset(), _hollow(fresh))
+        elif _hollow(result):
+            base = ("hollow", result.storage_offset())
         layout = [*result.shape, *result.stride(), result.storage_offset()]
         if base is not None and base[0] == "fresh":
             layout += [*base[1], *base[2]]
@@ -315,10 +365,23 @@ def _symbolic_cache(env: Any) -> _MetaCache:
     return cache
 
 
+_layouts: weakref.WeakKeyDictionary[Any, SymbolicMeta] = weakref.WeakKeyDictionary()
+
+
+def _symbolic_layouts(env: Any) -> SymbolicMeta:
+    from ember.aot.symbolic_meta import SymbolicMeta  # ember.aot loads on first use
+
+    table = _layouts.get(env)
+    if table is None:
+        table = _layouts[env] = SymbolicMeta()
+    return table
+
+
 def clear_cache() -> None:
     """Forget every recorded result (`ember.reset()`): the keys hold the functions called."""
     _cache._entries.clear()
     _symbolic_caches.clear()
+    _layouts.clear()
 
 
 def result_device(
