@@ -112,6 +112,17 @@ def test_addcdiv_and_addcmul_with_a_tensor_value():
     assert counts.breaks == 0
 
 
+def test_addcdiv_and_addcmul_functions_with_a_tensor_value():
+    """The function forms, `torch.addcdiv(p, a, b, value=t)`, broke at the meta kernel."""
+
+    def update(p, a, b, t):
+        d = b.abs() + 1
+        return torch.addcdiv(p, a, d, value=t[0]) + torch.addcmul(p, a, b, value=t[0]) * 2
+
+    counts = check(update, tensors((4,), (4,), (4,), (1,)))
+    assert counts.breaks == 0 and counts.graphs == 1
+
+
 def test_typing_aliases_of_builtin_types_are_folded():
     """`typing.cast(list[Tensor], xs)` (torch.optim's foreach paths): subscripting `list`
     broke ("indexing builtin list"), once per cast."""

@@ -601,4 +601,7 @@ class TorchFunctionValue(_FunctionObjectValue):
 
         if self.fn in _REFUSED_TORCH:
             raise Unsupported(BreakReason.UNSUPPORTED_CALL, _REFUSED_TORCH[self.fn])
+        if self.fn in (torch.addcdiv, torch.addcmul) and len(args) == 3 and "out" not in kwargs:
+            # the method's form, which writes a tensor `value=` as torch.compile does
+            return args[0].call_method(tx, self.fn.__name__, args[1:], kwargs)
         return tensor_op(tx, "call_function", self.fn, args, kwargs)
