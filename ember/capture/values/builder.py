@@ -527,10 +527,32 @@ class OpaqueValue(Value):
         return self.cls  # pinned by the TYPE_MATCH guard
 
     def getattr(self, tx: Any, name: str) -> Value:
+        method = getattr(self.cls, name, None)
+        if _c_method(method) and self.cls.__dictoffset__ == 0 and self.source is not None:
+            # a method of a C class whose objects have no instance dict: the class (pinned
+            # by the type guard) decides it, so loading it is fine; calling it breaks
+            return OpaqueMethodValue(self, name)
         raise Unsupported(
             BreakReason.UNSUPPORTED_OBJECT,
             f"attribute {name!r} of {self.describe()}, an object ember cannot look into",
         )
+
+
+def _c_method(attr: Any) -> bool:
+    return isinstance(attr, types.MethodDescriptorType | types.WrapperDescriptorType)
+
+
+class OpaqueMethodValue(Value):
+    """`obj.method` of an OpaqueValue: held until called, where the graph breaks and the
+    call runs in Python (one break, at the call, as Dynamo takes it)."""
+
+    def __init__(self, owner: OpaqueValue, name: str) -> None:
+        self.owner = owner
+        self.name = name
+        self.source = AttrSource(owner.source, name)
+
+    def describe(self) -> str:
+        return f"{self.owner.cls.__qualname__}.{self.name} (a method of a C class)"
 
 
 class GradModeClassValue(Value):
