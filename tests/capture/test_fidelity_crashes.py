@@ -6,6 +6,8 @@ limit instead of running eagerly."""
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
 from fidelity_harness import check, tensors
@@ -292,3 +294,24 @@ def test_a_generator_made_in_the_trace_breaks_where_dynamo_does():
     check(p_generator_made_in_the_trace, tensors((3,)))  # breaks no more than Dynamo's
     reasons = ember.stats()["break_reasons"]
     assert not any("attribute 'manual_seed'" in r for r in reasons), reasons
+
+
+def p_state_dict_in_forward(x):
+    sd = STATE_OWNER.state_dict()
+    return x * len(sd) + sd["0.weight"].sum(), list(sd), dict(sd._metadata)
+
+
+STATE_OWNER = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+
+
+def test_state_dict_inside_a_compiled_function():
+    """`state_dict()` sets `_metadata` on the OrderedDict it makes: 3 breaks before (an
+    attribute on a dict made in the trace), none now, as under Dynamo; its tensors are
+    the parameters' storage, as eager's."""
+    counts = check(p_state_dict_in_forward, tensors((3,)))
+    assert counts.breaks == 0
+    sd = ember.compile(lambda: STATE_OWNER.state_dict())()
+    assert (
+        type(sd) is collections.OrderedDict and sd._metadata == STATE_OWNER.state_dict()._metadata
+    )
+    assert sd["0.weight"].data_ptr() == STATE_OWNER[0].weight.data_ptr()

@@ -327,6 +327,9 @@ class DictValue(Value):
         self.dict_type = dict_type
         self.read_only = False
         """A types.MappingProxyType: items are read, never written."""
+        self.attrs: dict[str, Value] = {}
+        """Attributes set in the trace on an OrderedDict (or other dict type with an instance
+        dict) it made: `state_dict()` keeps `_metadata` so."""
 
     def describe(self) -> str:
         return f"dict of {len(self.items)}"
@@ -385,9 +388,18 @@ class DictValue(Value):
     def getattr(self, tx: Translator, name: str) -> Value:
         from ember.capture.values.functions import MethodValue
 
+        if name in self.attrs:
+            return self.attrs[name]
         if hasattr(self.dict_type, name):
             return MethodValue(self, name)
         return super().getattr(tx, name)
+
+    def setattr(self, tx: Translator, name: str, value: Value) -> None:
+        if self.source is not None or self.dict_type.__dictoffset__ == 0:
+            return super().setattr(tx, name, value)
+        if hasattr(self.dict_type, name):  # a method, or a descriptor of the class
+            return super().setattr(tx, name, value)
+        self.attrs[name] = value
 
     def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
         from ember.capture.values.sets import DictViewValue
@@ -456,6 +468,8 @@ class DictValue(Value):
     def reconstruct(self, em: Emitter) -> None:
         if self.source is not None:
             return super().reconstruct(em)
+        if self.attrs:
+            em.cg.load_const(_with_attributes, push_null=True)
         if self.dict_type is not dict:
             em.cg.load_const(self.dict_type, push_null=True)
         for k, v in self.items.items():
@@ -464,6 +478,20 @@ class DictValue(Value):
         em.cg.build("MAP", len(self.items))
         if self.dict_type is not dict:
             em.cg.call(1)
+        if self.attrs:
+            for name, value in self.attrs.items():
+                em.cg.load_const(name)
+                em.reconstruct(value)
+            em.cg.build("MAP", len(self.attrs))
+            em.cg.call(2)
+
+
+def _with_attributes(obj: Any, attrs: dict[str, Any]) -> Any:
+    """`obj` with these attributes set (break code rebuilding an OrderedDict the trace
+    made and gave attributes)."""
+    for name, value in attrs.items():
+        setattr(obj, name, value)
+    return obj
 
 
 def _pairs(tx: Translator, other: Value) -> Any:
