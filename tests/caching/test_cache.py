@@ -78,3 +78,23 @@ def test_corrupt_or_truncated_entries_are_rebuilt(tmp_path):
         got, _ = _compiled(x)  # the rebuilt entries are valid again
         assert stats["graph_cache_hits"] == hits + 1
         assert json.loads(graph.read_bytes().partition(b"\n")[2])["format"] == cache.FORMAT
+
+
+def test_the_default_dtype_is_part_of_the_key(tmp_path):
+    """`torch.ones(2)` in a graph makes the default dtype's tensor: a library built under
+    float32 must not serve the same graph under float64 (it read float64 data as float32)."""
+    import ember
+
+    def f(x):
+        return torch.ones(2) + x
+
+    x = torch.ones(2, dtype=torch.float64)
+    with config.patch(cache_dir=str(tmp_path)):
+        compiled = ember.compile(f)
+        try:
+            for dtype in (torch.float32, torch.float64, torch.float32):
+                torch.set_default_dtype(dtype)
+                got, want = compiled(x), f(x)
+                assert got.dtype == want.dtype and torch.equal(got, want), (dtype, got, want)
+        finally:
+            torch.set_default_dtype(torch.float32)

@@ -81,6 +81,7 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> str:
         EMBER_VERSION,
         torch.__version__,
         torch.backends.cpu.get_cpu_capability(),  # eager's kernels, which lowerings match
+        str(torch.get_default_dtype()),  # what `torch.ones(2)` in the graph makes
         _source_digest(),
         compiler_id(),
     ]
