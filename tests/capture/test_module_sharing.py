@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import ember
+from ember.backend import compile_graph
 from ember.testing import CompileCounter, assert_same
 
 
@@ -165,3 +166,38 @@ def test_a_plain_object_attribute_that_hides_a_method_is_seen():
     assert_same(compiled(a, x), f(a, x))
     b.factor = lambda: 5.0
     assert_same(compiled(b, x), f(b, x))
+
+
+def test_ints_of_modules_stay_constants():
+    """Blocks that differ in a stride or a padding (ints on the module) share a function's
+    cache: each gets its own static graph, as under Dynamo, where automatic dynamic shapes
+    made the second one's strides symbols (the generated wrapper then failed to unpack
+    them; a circular padding's symbol was missing from the wrapper: NameError)."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 6, 6)
+    convs = [
+        nn.Conv2d(2, 2, 3, padding=1, stride=2),
+        nn.Conv2d(2, 2, 3, padding=1),
+        nn.Conv2d(2, 2, 3, padding=1, padding_mode="circular"),
+        nn.Conv2d(2, 2, 3, padding=2, padding_mode="circular"),
+        nn.Conv2d(2, 2, 3, padding=1, dilation=2),
+    ]
+
+    def f(m, x):
+        return m(x)
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return compile_graph(gm, example_inputs)
+
+    compiled = ember.compile(f, backend=backend)
+    for conv in convs + convs:
+        assert_same(compiled(conv, x), f(conv, x), rtol=1e-5, atol=1e-6)
+    assert len(graphs) == len(convs)
+    for gm in graphs:
+        assert not any(
+            isinstance(n.meta.get("example_value"), torch.SymInt)
+            for n in gm.graph.find_nodes(op="placeholder")
+        ), gm.code

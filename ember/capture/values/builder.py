@@ -120,6 +120,7 @@ class ValueBuilder:
         self._by_id: dict[int, Value] = {}
         self._classes: dict[type, Value] = {}
         self._real: dict[int, tuple[Value, Any]] = {}
+        self._module_attributes: set[Source] = set()
 
     def wrap(self, value: Any, source: Source) -> Value:
         """A guarded symbolic value for an object reached through `source`."""
@@ -133,6 +134,25 @@ class ValueBuilder:
             self._by_id[id(value)] = result
         self._real[id(result)] = (result, value)
         return result
+
+    def wrap_module_attribute(self, value: Any, source: Source) -> Value:
+        """`module.name` of a plain attribute (see `_configures_a_module`)."""
+        self._module_attributes.add(source)
+        return self.wrap(value, source)
+
+    def _configures_a_module(self, source: Source) -> bool:
+        """An int inside a container attribute of a module (`conv.stride[0]`, a padding
+        list) stays a constant under automatic and `dynamic=True` shapes, as Dynamo keeps the
+        ints of modules: blocks of a class that differ in a stride or a padding are
+        different programs, not one program over a varying size (and the kernels' geometry
+        would turn symbolic). An int attribute itself (a counter, `self.calls += 1`) may
+        become a symbol."""
+        base = getattr(source, "base", None)
+        while base is not None:
+            if base in self._module_attributes:
+                return True
+            base = getattr(base, "base", None)
+        return False
 
     def outside_values(self) -> list[Value]:
         """The values this capture made of outside objects (each reached through a source)."""
@@ -155,6 +175,9 @@ class ValueBuilder:
         symbol = shapes.int_symbols.get(source)
         if symbol is not None:
             return ConstantValue(symbol, source)
+        if self._configures_a_module(source):
+            self.ctx.guards.add(GuardKind.EQUALS_MATCH, source, value)
+            return ConstantValue(value, source)
         shapes.observe(source, value)
         symbol = shapes.int_example(source, value)
         if type(symbol) is int:

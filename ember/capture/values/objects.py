@@ -202,7 +202,7 @@ class ModuleValue(Value):
             if name in entries:
                 return builder.wrap(entries[name], ModuleEntrySource(src, table, name, f".{name}"))
         if name in m.__dict__:
-            return builder.wrap(m.__dict__[name], AttrSource(src, name))
+            return builder.wrap_module_attribute(m.__dict__[name], AttrSource(src, name))
         return _instance_lookup(tx, self, type(m), name, src)
 
     def setattr(self, tx: Translator, name: str, value: Value) -> None:
