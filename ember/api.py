@@ -278,7 +278,8 @@ def _closure_lookup(
 
 
 def _call_module(module: torch.nn.Module, /, *args: Any, **kwargs: Any) -> Any:
-    """What a compiled module with forward hooks captures: the whole call."""
+    """What a compiled module with forward hooks (or a `__call__` of its own) captures: the
+    whole call."""
     return module(*args, **kwargs)
 
 
@@ -329,7 +330,8 @@ class CompiledModule(torch.nn.Module):
         mod = self._orig_mod
         if self._runs_in_python:  # DDP's forward, FSDP's hooks: in Python, around ours
             return call_with_compiled_forward(mod, self._compiled_forward_of, args, kwargs)
-        if has_hooks(mod):  # the hooks are traced with the call, as Dynamo does
+        if has_hooks(mod) or type(mod).__call__ is not torch.nn.Module.__call__:
+            # the hooks (or the class's own __call__) are traced with the call, as Dynamo does
             return self._compiled_call(mod, *args, **kwargs)
         return self._compiled_forward(mod, *args, **kwargs)
 

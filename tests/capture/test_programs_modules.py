@@ -532,3 +532,23 @@ def test_args_and_kwargs_forwarded_through_modules():
         return mod(x, 2.0, bias=b, flag=True), mod(x), mod(x, **{"scale": 3.0})
 
     check_against_eager(f, torch.randn(3), torch.randn(3), frames=1)
+
+
+class CallsAroundForward(nn.Module):
+    def __call__(self, x):
+        return super().__call__(x) + 1
+
+    def forward(self, x):
+        return x * 2
+
+
+def test_a_module_class_with_its_own_call_runs_it():
+    """A subclass overriding `__call__` (which calls `super().__call__`): the override runs,
+    called from a compiled function or compiled itself (ember called forward directly)."""
+    m, x = CallsAroundForward(), torch.randn(3)
+
+    def f(m, x):
+        return m(x)
+
+    assert_same(ember.compile(f, backend="eager", fullgraph=True)(m, x), f(m, x))
+    assert_same(ember.compile(m, backend="eager", fullgraph=True)(x), m(x))

@@ -17,6 +17,7 @@ call.
 from __future__ import annotations
 
 import operator
+import types
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -26,6 +27,7 @@ from ember.capture.guards import GuardKind
 from ember.capture.sources import AttrSource, ForeignGlobalSource
 from ember.capture.values.base import ConstantValue, Value
 from ember.capture.values.containers import DictValue, SequenceValue, TupleValue
+from ember.capture.values.functions import BoundMethodValue, UserFunctionValue
 from ember.capture.values.objects import ModuleValue, _class_attribute
 from ember.distributed import data_parallel_call
 from ember.errors import BreakReason, Unsupported
@@ -89,6 +91,10 @@ def call_module(tx: Translator, value: ModuleValue, args: list[Value], kwargs: d
             hint="backward hooks wrap the module's inputs and outputs at run time; call the "
             "module outside the compiled region, or register hooks on tensors instead",
         )
+    call = type(m).__call__
+    if call is not nn_module.Module.__call__ and isinstance(call, types.FunctionType):
+        # a subclass's own __call__ (which usually calls super().__call__) runs as written
+        return BoundMethodValue(UserFunctionValue(call), value).call(tx, args, kwargs)
     forward = value.getattr(tx, "forward")
     if not has_forward_hooks(m):
         if value.source is not None:
