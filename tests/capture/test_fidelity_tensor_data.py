@@ -9,6 +9,8 @@ import pytest
 import torch
 from fidelity_harness import check, tensors
 
+import ember
+
 
 def p_item(x):
     y = x.sin().sum()
@@ -81,3 +83,29 @@ def test_tensor_data_breaks_and_resumes(fn, sign):
 def test_captured_whole(fn):
     counts = check(fn, tensors((3, 4)))
     assert counts.breaks == 0 and counts.graphs == 1
+
+
+def p_requires_grad_on_a_tensor_made_inside(x):
+    xh = x.detach().requires_grad_(True)
+    y = (xh**2).sum()
+    return xh, y, xh.requires_grad, y.requires_grad
+
+
+def p_backward_on_a_leaf_made_inside(x):
+    z = x.clone().requires_grad_()
+    (z * 2).sum().backward()
+    return z.grad
+
+
+@pytest.mark.parametrize(
+    "fn", [p_requires_grad_on_a_tensor_made_inside, p_backward_on_a_leaf_made_inside]
+)
+def test_requires_grad_on_a_tensor_the_graph_made_breaks_there(fn):
+    """The graph's outputs have no autograd history of their own, so `requires_grad_()` on
+    a tensor made inside was lost through aot (the result and what was computed from it
+    came back without grad; a gradient penalty's autograd.grad then failed). It breaks there
+    and runs in Python, as under Dynamo."""
+    check(fn, tensors((3,)), backend="aot_eager")
+    result = ember.compile(fn, backend="aot_eager")(torch.ones(3))
+    if fn is p_requires_grad_on_a_tensor_made_inside:
+        assert result[0].is_leaf and result[0].requires_grad and result[1].grad_fn is not None

@@ -100,6 +100,11 @@ _REFUSED = {
 }
 
 
+def _asks_for_grad(args: list[Value], kwargs: dict[str, Value]) -> bool:
+    flag = args[0] if args else kwargs.get("requires_grad")
+    return flag is None or not flag.is_constant() or bool(flag.as_constant())
+
+
 class TensorValue(Value):
     def __init__(
         self, node: torch.fx.Node, example: torch.Tensor, device: torch.device, source=None
@@ -183,6 +188,15 @@ class TensorValue(Value):
             )
         if name in _REFUSED:
             raise Unsupported(BreakReason.UNSUPPORTED_CALL, _REFUSED[name])
+        if name == "requires_grad_" and self.source is None and _asks_for_grad(args, kwargs):
+            # a tensor the graph makes would come out of it with no autograd history of
+            # its own: it must be made a leaf in Python, as Dynamo breaks here too
+            raise Unsupported(
+                BreakReason.UNSUPPORTED_CALL,
+                f"requires_grad_() on {self.describe()}, a tensor made in the graph",
+                hint="call requires_grad_() outside the compiled function, or detach the "
+                "result if only its values are needed",
+            )
         if name in _SCALED_BY_A_NUMBER and len(args) == 2 and kwargs.keys() == {"value"}:
             if isinstance(kwargs["value"], TensorValue):
                 return self._scaled_by_a_tensor(tx, name, args, kwargs["value"])
