@@ -591,3 +591,19 @@ def test_global_set_membership_is_guarded():
     finally:
         SUPPORTED.add("tanh")
     assert counter.frame_count == 2
+
+
+def _activations(x):
+    return torch.nn.functional.gelu(x) + torch.sigmoid(x)
+
+
+def test_a_torch_function_patched_after_the_capture_is_seen(monkeypatch):
+    """Libraries swap torch functions (F.scaled_dot_product_attention for another kernel):
+    the functions the trace called are guarded by identity, as Dynamo's are."""
+    compiled = ember.compile(_activations, backend="eager")
+    x = torch.randn(3)
+    assert_same(compiled(x), _activations(x))
+    monkeypatch.setattr(torch.nn.functional, "gelu", lambda x, approximate="none": x * 100)
+    assert_same(compiled(x), _activations(x))
+    monkeypatch.setattr(torch, "sigmoid", lambda x: x * 0)
+    assert_same(compiled(x), _activations(x))

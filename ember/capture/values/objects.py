@@ -513,6 +513,15 @@ class PyModuleValue(Value):
         except AttributeError as exc:
             raise MissingAttribute(f"module {self.module.__name__} has no {name!r}") from exc
         if self.module.__name__.split(".")[0] in ("torch", "math", "operator", "functools"):
+            if self.source is None:
+                return tx.ctx.builder.wrap_const(attr)
+            source = AttrSource(self.source, name)
+            if isinstance(attr, types.ModuleType):
+                return PyModuleValue(attr, source)
+            if callable(attr) and not isinstance(attr, type):
+                # a library's function may be patched after the capture (F.scaled_dot_product_
+                # attention swapped for another kernel): its identity is guarded, as Dynamo's
+                tx.ctx.guards.add(GuardKind.ID_MATCH, source, attr)
             return tx.ctx.builder.wrap_const(attr)
         if self.source is not None:
             return tx.ctx.builder.wrap(attr, AttrSource(self.source, name))
