@@ -523,3 +523,26 @@ def test_breaks_report_the_user_line():
     (reason,) = ember.stats()["break_reasons"]
     assert reason.startswith(BreakReason.UNSUPPORTED_CALL.value)
     assert f"test_exceptions.py:{_line_of(b_break_in_try, 'print')}" in reason
+
+
+def p_errors_of_constants_caught(x, d):
+    try:
+        v = d["b"]
+    except TypeError:
+        v = "caught"
+    try:
+        n = len(d)
+    except (KeyError, TypeError):
+        n = -1
+    try:
+        c = "ab"[5]
+    except IndexError as e:
+        c = str(e)
+    return x + n, v, c
+
+
+def test_errors_of_indexing_and_len_on_constants_reach_the_handlers():
+    """`None["b"]` and `len(None)` raised their TypeError out of the capture, past the
+    program's own `except TypeError`."""
+    counts = check(p_errors_of_constants_caught, lambda: (torch.ones(2), None))
+    assert counts.breaks == 0

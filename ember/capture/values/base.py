@@ -221,7 +221,10 @@ class ConstantValue(Value):
         return ConstantValue(attr)
 
     def length(self, tx: Translator) -> int:
-        return len(self.value)
+        try:
+            return len(self.value)
+        except TypeError as exc:  # `len(None)`: Python's error, for the trace's handlers
+            raise FoldingRaised(exc, f"TypeError: {exc}") from None
 
     def iterate(self, tx: Translator) -> list[Value]:
         if isinstance(self.value, (str, bytes, range, frozenset, tuple, types.MappingProxyType)):
@@ -229,7 +232,11 @@ class ConstantValue(Value):
         return super().iterate(tx)
 
     def getitem(self, tx: Translator, key: Value) -> Value:
-        return ConstantValue(self.value[key.as_constant()])
+        k = key.as_constant()
+        try:
+            return ConstantValue(self.value[k])
+        except (TypeError, IndexError, KeyError) as exc:  # `None["b"]`, `"ab"[5]`
+            raise FoldingRaised(exc, f"{type(exc).__name__}: {exc}") from None
 
     def reconstruct(self, em: Emitter) -> None:
         em.load_number(self.value)
