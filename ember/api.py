@@ -223,22 +223,23 @@ def compile_function(fn: Callable[..., Any], opts: CompileOptions) -> Callable[.
     if is_disabled(fn):
         return fn
     original = getattr(fn, "_ember_original", fn)
-    # owned here, shared weakly (by all closures of the code: see cache_for)
-    cache = frame_cache.cache_for(original.__code__, opts, original.__closure__)
-    if original.__closure__ and frame_cache.closures_share_entries(original.__code__):
-        find = _closure_lookup(original, cache)
-    else:
-
-        def find(args: tuple, kwargs: dict) -> Callable[..., Any] | None:
-            entry = cache.lookup(args, kwargs)
-            return None if entry is None else entry.fn
+    cache, find = _lookup(original, opts)
+    defined = _definition(original)
 
     @functools.wraps(original)
     def compiled(*args: Any, **kwargs: Any) -> Any:
+        nonlocal cache, find, defined
         if functorch_active():
             # inside an eager torch.func transform the tensors are its wrappers, which
             # neither the guards nor compiled code know: the function runs as written
             return original(*args, **kwargs)
+        if _redefined(original, defined):
+            # a new `__code__`, `__defaults__` or `__kwdefaults__` since the entries were
+            # made (their guards and code hold the old ones): compile for the new definition
+            if original.__code__ is defined[0]:
+                cache.clear()
+            cache, find = _lookup(original, opts)
+            defined = _definition(original)
         grad_mode = torch.is_grad_enabled()
         try:
             run = find(args, kwargs)
@@ -255,6 +256,34 @@ def compile_function(fn: Callable[..., Any], opts: CompileOptions) -> Callable[.
     compiled._ember_options = opts
     compiled._ember_cache = cache
     return compiled
+
+
+def _lookup(
+    original: types.FunctionType, opts: CompileOptions
+) -> tuple[frame_cache.FrameCache, Callable[[tuple, dict], Callable[..., Any] | None]]:
+    """The cache of a function's code and the lookup of a call in it."""
+    # owned here, shared weakly (by all closures of the code: see cache_for)
+    cache = frame_cache.cache_for(original.__code__, opts, original.__closure__)
+    if original.__closure__ and frame_cache.closures_share_entries(original.__code__):
+        return cache, _closure_lookup(original, cache)
+
+    def find(args: tuple, kwargs: dict) -> Callable[..., Any] | None:
+        entry = cache.lookup(args, kwargs)
+        return None if entry is None else entry.fn
+
+    return cache, find
+
+
+def _definition(fn: types.FunctionType) -> tuple:
+    return fn.__code__, fn.__defaults__, fn.__kwdefaults__
+
+
+def _redefined(fn: types.FunctionType, defined: tuple) -> bool:
+    return (
+        fn.__code__ is not defined[0]
+        or fn.__defaults__ is not defined[1]
+        or fn.__kwdefaults__ is not defined[2]
+    )
 
 
 def _closure_lookup(
@@ -286,6 +315,7 @@ def _call_module(module: torch.nn.Module, /, *args: Any, **kwargs: Any) -> Any:
 _WRAPPER_ATTRIBUTES = (
     "_orig_mod",
     "_compiled_forward",
+    "_forward_function",
     "_compiled_call",
     "_runs_in_python",
     "_options",
@@ -301,7 +331,8 @@ class CompiledModule(torch.nn.Module):
         super().__init__()
         self._orig_mod = mod
         inner = wrapped_module(mod)  # DDP's or FSDP1's module, or an FSDP2 module itself
-        self._compiled_forward = compile_function(type(inner or mod).forward, opts)
+        self._forward_function = type(inner or mod).forward
+        self._compiled_forward = compile_function(self._forward_function, opts)
         self._compiled_call = compile_function(_call_module, opts)
         self._runs_in_python = inner is not None
         self._options = opts
@@ -330,9 +361,17 @@ class CompiledModule(torch.nn.Module):
         mod = self._orig_mod
         if self._runs_in_python:  # DDP's forward, FSDP's hooks: in Python, around ours
             return call_with_compiled_forward(mod, self._compiled_forward_of, args, kwargs)
-        if has_hooks(mod) or type(mod).__call__ is not torch.nn.Module.__call__:
-            # the hooks (or the class's own __call__) are traced with the call, as Dynamo does
+        if (
+            has_hooks(mod)
+            or type(mod).__call__ is not torch.nn.Module.__call__
+            or getattr(mod.forward, "__func__", None) is not type(mod).forward
+        ):
+            # the hooks (the class's own __call__, a forward set on the object) are traced
+            # with the call, as Dynamo does
             return self._compiled_call(mod, *args, **kwargs)
+        if type(mod).forward is not self._forward_function:  # the class got another forward
+            self._forward_function = type(mod).forward
+            self._compiled_forward = compile_function(self._forward_function, self._options)
         return self._compiled_forward(mod, *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:

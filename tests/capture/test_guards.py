@@ -607,3 +607,68 @@ def test_a_torch_function_patched_after_the_capture_is_seen(monkeypatch):
     assert_same(compiled(x), _activations(x))
     monkeypatch.setattr(torch, "sigmoid", lambda x: x * 0)
     assert_same(compiled(x), _activations(x))
+
+
+def test_a_property_staticmethod_or_classmethod_replaced_on_the_class_is_seen():
+    class A:
+        def __init__(self):
+            self._v = 2.0
+
+        @property
+        def v(self):
+            return self._v
+
+        @staticmethod
+        def s(x):
+            return x + 1
+
+        @classmethod
+        def c(cls):
+            return 3.0
+
+    def f(x, a):
+        return x * a.v + a.s(x) + a.c()
+
+    compiled = ember.compile(f, backend="eager")
+    a, x = A(), torch.randn(2)
+    assert_same(compiled(x, a), f(x, a))
+    A.v = property(lambda self: -self._v)
+    assert_same(compiled(x, a), f(x, a))
+    A.s = staticmethod(lambda x: x - 10)
+    assert_same(compiled(x, a), f(x, a))
+    A.c = classmethod(lambda cls: 100.0)
+    assert_same(compiled(x, a), f(x, a))
+
+
+def test_a_forward_replaced_on_the_class_or_set_on_the_module_is_seen():
+    class M(nn.Module):
+        def forward(self, x):
+            return x + 1
+
+    m, x = M(), torch.randn(2)
+    compiled = ember.compile(m, backend="eager")
+    assert_same(compiled(x), m(x))
+    M.forward = lambda self, x: x * 100
+    assert_same(compiled(x), m(x))
+    m.forward = lambda x: x * 7
+    assert_same(compiled(x), m(x))
+
+
+def _scaled(x, k=2, *, j=3):
+    return x * k + j
+
+
+def _shifted(x, k=2, *, j=3):
+    return x - k - j
+
+
+def test_a_function_given_new_defaults_or_code_is_compiled_again(monkeypatch):
+    compiled = ember.compile(_scaled, backend="eager")
+    x = torch.randn(2)
+    assert_same(compiled(x), _scaled(x))
+    monkeypatch.setattr(_scaled, "__defaults__", (5,))
+    assert_same(compiled(x), _scaled(x))
+    monkeypatch.setattr(_scaled, "__kwdefaults__", {"j": 7})
+    assert_same(compiled(x), _scaled(x))
+    monkeypatch.setattr(_scaled, "__code__", _shifted.__code__)
+    assert_same(compiled(x), _scaled(x))

@@ -57,10 +57,13 @@ def _class_attribute(tx: Translator, owner: Value, cls: type, name: str, source)
     if isinstance(attr, types.FunctionType):
         return BoundMethodValue(_function_value(attr), owner)
     if isinstance(attr, property) and isinstance(attr.fget, types.FunctionType):
+        _pin_class_entry(tx, klass, name, attr)
         return UserFunctionValue(attr.fget).call(tx, [owner], {})
     if isinstance(attr, staticmethod):
+        _pin_class_entry(tx, klass, name, attr)
         return tx.ctx.builder.wrap_const(attr.__func__)
     if isinstance(attr, classmethod):
+        _pin_class_entry(tx, klass, name, attr)
         return BoundMethodValue(UserFunctionValue(attr.__func__), tx.ctx.builder.wrap_const(cls))
     if hasattr(attr, "__get__") and not isinstance(attr, (type, types.BuiltinFunctionType)):
         if isinstance(attr, (types.WrapperDescriptorType, types.MethodDescriptorType)):
@@ -79,6 +82,15 @@ def _class_attribute(tx: Translator, owner: Value, cls: type, name: str, source)
     if source is None:  # an object made during capture: guard the class attribute instead
         source = ConstSource(cls, cls.__qualname__)
     return tx.ctx.builder.wrap(attr, AttrSource(source, name))
+
+
+def _pin_class_entry(tx: Translator, klass: type, name: str, attr: Any) -> None:
+    """Guard that `klass.__dict__[name]` is still `attr` (a property, staticmethod or
+    classmethod the trace ran: replacing it on the class changes what the code does)."""
+    from ember.capture.guards import GuardKind
+
+    source = ItemSource(AttrSource(ConstSource(klass, klass.__qualname__), "__dict__"), name)
+    tx.ctx.guards.add(GuardKind.ID_MATCH, source, attr)
 
 
 def _instance_lookup(tx: Translator, owner: Value, cls: type, name: str, source) -> Value:
