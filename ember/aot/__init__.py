@@ -165,7 +165,7 @@ class AotFunction:
 
 def _run_torch_level(gm: torch.nn.Module) -> Callable[[Sequence[Any]], Any]:
     def run(args: Sequence[Any]) -> Any:
-        return gm(*args)
+        return gm.forward(*args)  # not gm(): global module hooks are the user's, traced
 
     return run
 

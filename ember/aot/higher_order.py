@@ -62,7 +62,7 @@ class _Inliner(fx.Interpreter):
 def run_graph(gm: Any, args: Sequence[Any], tracer: Tracer) -> Any:
     """`gm(*args)` while tracing, with checkpointed bodies inlined as recompute regions."""
     if not any(_nodes_calling(gm, t) for t in (*_CHECKPOINTS, _COND)):
-        return gm(*args)
+        return gm.forward(*args)  # not gm(): global module hooks are the user's, traced
     return _Inliner(gm, tracer).run(*args)
 
 

@@ -552,3 +552,21 @@ def test_a_module_class_with_its_own_call_runs_it():
 
     assert_same(ember.compile(f, backend="eager", fullgraph=True)(m, x), f(m, x))
     assert_same(ember.compile(m, backend="eager", fullgraph=True)(x), m(x))
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "ember"])
+def test_a_global_forward_hook_that_changes_outputs(backend):
+    """A global forward hook is traced with each module call; the aot stage ran the
+    GraphModule through `Module.__call__`, so the hook fired on the graph itself too (on its
+    tuple of outputs: TypeError in the backend)."""
+    lin = nn.Linear(3, 3)
+
+    def f(m, x):
+        return m(x) * 2
+
+    handle = nn.modules.module.register_module_forward_hook(lambda mod, i, o: o + 7)
+    try:
+        x = torch.randn(2, 3)
+        assert_same(ember.compile(f, backend=backend)(lin, x), f(lin, x))
+    finally:
+        handle.remove()
