@@ -335,6 +335,7 @@ def _compile(
     fn = namespace["___guard"]
     fn.__defaults__ = like.__defaults__
     fn.__kwdefaults__ = like.__kwdefaults__
+    fn.__qualname__ = like.__qualname__  # a call that does not fit says `f() takes ...`
     fn.__ember_source__ = text
     return fn
 

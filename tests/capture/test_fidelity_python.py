@@ -536,6 +536,13 @@ def test_arguments_that_do_not_fit_raise_cpythons_error():
             compiled(*args, **kwargs)
         assert str(ours.value) == str(eager.value)
     assert not ran
+    compiled(torch.ones(2), torch.ones(2))  # with an entry, the guard meets them first
+    for args, kwargs in [((1, 2, 3), {}), ((1,), {}), ((1, 2), {"shift": 1})]:
+        with pytest.raises(TypeError) as eager:
+            two(*args, **kwargs)
+        with pytest.raises(TypeError) as ours:
+            compiled(*args, **kwargs)
+        assert str(ours.value) == str(eager.value)  # said `___guard() takes ...`
     with pytest.raises(TypeError) as eager:
         module_with_two_inputs(torch.randn(2, 3))
     with pytest.raises(TypeError) as ours:
