@@ -180,6 +180,7 @@ def bind_to_closure(entry: CacheEntry, fn: types.FunctionType) -> tuple[Callable
     names["___closure"] = fn.__closure__
     bound = types.FunctionType(check.__code__, names, check.__name__, fn.__defaults__)
     bound.__kwdefaults__ = fn.__kwdefaults__
+    bound.__qualname__ = fn.__qualname__
     replacement = types.FunctionType(
         entry.code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
     )
