@@ -37,6 +37,7 @@ class GuardKind(enum.Enum):
     EQUALS_MATCH = "type and value of a baked constant"
     ID_MATCH = "identity of a function, module or class the trace relied on"
     TYPE_MATCH = "exact type of an object whose attributes the trace read"
+    CLASS_MEMBER = "the method, property or staticmethod a class has for a name the trace ran"
     LENGTH_MATCH = "length of a container the trace iterated or indexed"
     DICT_KEYS = "keys (in order) of a dict the trace read"
     NONE_MATCH = "value is None"
@@ -194,6 +195,8 @@ _CONDITIONS: dict[GuardKind, Callable[[Guard, GuardScope], list[str]]] = {
     GuardKind.EQUALS_MATCH: _equals_conditions,
     GuardKind.ID_MATCH: lambda g, s: [_identity_condition(g.source.expr(s), g.expected, s)],
     GuardKind.TYPE_MATCH: lambda g, s: [f"type({g.source.expr(s)}) is {s.const(g.expected, 'T')}"],
+    # held by the guard (as its class holds it): `is` costs less than `___id(...) == N`
+    GuardKind.CLASS_MEMBER: lambda g, s: [f"{g.source.expr(s)} is {s.const(g.expected, 'm')}"],
     GuardKind.LENGTH_MATCH: lambda g, s: [
         f"type({g.source.expr(s)}) is {s.const(g.expected[0], 'T')}",
         f"len({g.source.expr(s)}) == {g.expected[1]}",

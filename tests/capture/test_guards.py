@@ -672,3 +672,38 @@ def test_a_function_given_new_defaults_or_code_is_compiled_again(monkeypatch):
     assert_same(compiled(x), _scaled(x))
     monkeypatch.setattr(_scaled, "__code__", _shifted.__code__)
     assert_same(compiled(x), _scaled(x))
+
+
+def test_a_method_replaced_on_the_class_or_shadowed_in_a_subclass_is_seen():
+    """Dynamo reuses its graph for both (a wrong answer there too): the method a trace ran
+    is pinned as its class has it (`cls.name`, so a replacement anywhere in the MRO shows)."""
+
+    class Base:
+        def m(self, x):
+            return x + 1
+
+    class Derived(Base):
+        pass
+
+    def f(x, obj):
+        return obj.m(x) * 2
+
+    compiled = ember.compile(f, backend="eager")
+    obj, x = Derived(), torch.randn(2)
+    assert_same(compiled(x, obj), f(x, obj))
+    Base.m = lambda self, x: x - 5
+    assert_same(compiled(x, obj), f(x, obj))
+    Derived.m = lambda self, x: x * 10
+    assert_same(compiled(x, obj), f(x, obj))
+
+
+def _relu_and_sigmoid(x):
+    return x.relu() + x.sigmoid()
+
+
+def test_a_tensor_method_patched_after_the_capture_is_seen(monkeypatch):
+    compiled = ember.compile(_relu_and_sigmoid, backend="eager")
+    x = torch.randn(3)
+    assert_same(compiled(x), _relu_and_sigmoid(x))
+    monkeypatch.setattr(torch.Tensor, "relu", lambda self: self * 100)
+    assert_same(compiled(x), _relu_and_sigmoid(x))

@@ -55,15 +55,16 @@ def _class_attribute(tx: Translator, owner: Value, cls: type, name: str, source)
             return UserFunctionValue(fallback).call(tx, [owner, ConstantValue(name)], {})
         raise MissingAttribute(f"{cls.__name__!r} object has no attribute {name!r}", cls)
     if isinstance(attr, types.FunctionType):
+        _pin_class_attribute(tx, cls, name, attr)
         return BoundMethodValue(_function_value(attr), owner)
     if isinstance(attr, property) and isinstance(attr.fget, types.FunctionType):
-        _pin_class_entry(tx, klass, name, attr)
+        _pin_class_attribute(tx, cls, name, attr)
         return UserFunctionValue(attr.fget).call(tx, [owner], {})
     if isinstance(attr, staticmethod):
-        _pin_class_entry(tx, klass, name, attr)
+        _pin_class_attribute(tx, cls, name, attr.__func__)
         return tx.ctx.builder.wrap_const(attr.__func__)
     if isinstance(attr, classmethod):
-        _pin_class_entry(tx, klass, name, attr)
+        _pin_class_attribute(tx, klass, name, attr, in_dict=True)
         return BoundMethodValue(UserFunctionValue(attr.__func__), tx.ctx.builder.wrap_const(cls))
     if hasattr(attr, "__get__") and not isinstance(attr, (type, types.BuiltinFunctionType)):
         if isinstance(attr, (types.WrapperDescriptorType, types.MethodDescriptorType)):
@@ -84,13 +85,19 @@ def _class_attribute(tx: Translator, owner: Value, cls: type, name: str, source)
     return tx.ctx.builder.wrap(attr, AttrSource(source, name))
 
 
-def _pin_class_entry(tx: Translator, klass: type, name: str, attr: Any) -> None:
-    """Guard that `klass.__dict__[name]` is still `attr` (a property, staticmethod or
-    classmethod the trace ran: replacing it on the class changes what the code does)."""
+def _pin_class_attribute(
+    tx: Translator, cls: type, name: str, attr: Any, in_dict: bool = False
+) -> None:
+    """Guard that the method, property or staticmethod the trace ran is still what `cls`
+    has for `name` (replaced on the class, or on a class of its MRO, it changes what the code
+    does): `cls.name` by identity; a classmethod (a new bound method on each read) by its
+    entry in the class dict that holds it."""
     from ember.capture.guards import GuardKind
 
-    source = ItemSource(AttrSource(ConstSource(klass, klass.__qualname__), "__dict__"), name)
-    tx.ctx.guards.add(GuardKind.ID_MATCH, source, attr)
+    source: Source = AttrSource(ConstSource(cls, cls.__qualname__), name)
+    if in_dict:
+        source = ItemSource(AttrSource(ConstSource(cls, cls.__qualname__), "__dict__"), name)
+    tx.ctx.guards.add(GuardKind.CLASS_MEMBER, source, attr)
 
 
 def _instance_lookup(tx: Translator, owner: Value, cls: type, name: str, source) -> Value:

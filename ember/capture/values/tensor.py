@@ -18,7 +18,9 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ember.capture import autocast
+from ember.capture.guards import GuardKind
 from ember.capture.shapes import SYM_TYPES
+from ember.capture.sources import AttrSource, ConstSource
 from ember.capture.values.base import ConstantValue, MissingAttribute, Value
 from ember.capture.values.meta import is_data_dependent_error, result_device, run_on_meta
 from ember.errors import BreakReason, Unsupported
@@ -161,8 +163,6 @@ class TensorValue(Value):
         one graph it cannot change: whatever sets it (backward, `p.grad = ...`,
         `zero_grad()`) breaks the graph. A tensor made in the trace has no gradient the
         capture could know: a break."""
-        from ember.capture.sources import AttrSource
-
         real = tx.ctx.builder.real_object(self) if self.source is not None else None
         if real is None:
             raise Unsupported(
@@ -171,6 +171,10 @@ class TensorValue(Value):
         return tx.ctx.builder.wrap(real.grad, AttrSource(self.source, "grad"))
 
     def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
+        member = getattr(torch.Tensor, name, None)
+        if member is not None:  # `torch.Tensor.relu = ...` after the capture changes the call
+            source = AttrSource(ConstSource(torch.Tensor, "torch.Tensor"), name)
+            tx.ctx.guards.add(GuardKind.CLASS_MEMBER, source, member)
         if name in _META_METHODS:
             from ember.capture.values.base import constants
 
