@@ -323,6 +323,17 @@ def _object_getattribute(tx, args, kwargs):
     return BuiltinMethodValue(object.__getattribute__, args[0]).call(tx, args[1:], kwargs)
 
 
+@handles(vars)
+def _vars(tx, args, kwargs):
+    """`vars(obj)`: its `__dict__`, as the attribute reads it (no argument: the frame's
+    locals, which the trace does not model)."""
+    from ember.capture.values.objects import ModuleValue, UserObjectValue
+
+    if len(args) != 1 or kwargs or not isinstance(args[0], ModuleValue | UserObjectValue):
+        raise Unsupported(BreakReason.UNSUPPORTED_CALL, "vars() of anything but an object")
+    return args[0].getattr(tx, "__dict__")
+
+
 @handles(id)
 def _id(tx, args, kwargs):
     """The address of an object from outside, which the guard then pins (the entry is

@@ -20,7 +20,12 @@ from ember.capture.sources import ItemSource, Source
 from ember.capture.values.base import ConstantValue, Value, from_class_statement, missing_key
 from ember.capture.values.containers import DictValue, IteratorValue, key_value
 from ember.capture.values.functions import UserFunctionValue
-from ember.capture.values.objects import UserObjectValue, _class_attribute, python_override
+from ember.capture.values.objects import (
+    ModuleValue,
+    UserObjectValue,
+    _class_attribute,
+    python_override,
+)
 from ember.errors import BreakReason, Unsupported
 
 if TYPE_CHECKING:
@@ -268,9 +273,9 @@ class InstanceDictValue(Value):
     Anything else (iteration, len, keys()) reads the whole dict, every entry guarded: only
     before the trace writes attributes of the object, and it refuses such writes after."""
 
-    def __init__(self, owner: UserObjectValue, source: Source) -> None:
+    def __init__(self, owner: UserObjectValue | ModuleValue, source: Source) -> None:
         self.owner = owner
-        self.real = owner.obj.__dict__
+        self.real = (owner.module if isinstance(owner, ModuleValue) else owner.obj).__dict__
         self.source = source
         self._whole: Value | None = None
 

@@ -208,6 +208,10 @@ class ModuleValue(Value):
         if pending is not None:
             return pending
         m, builder, src = self.module, tx.ctx.builder, self.source
+        if name == "__dict__" and src is not None:
+            from ember.capture.values.mappings import InstanceDictValue
+
+            return InstanceDictValue(self, AttrSource(src, "__dict__"))
         for table in ("_parameters", "_buffers", "_modules"):
             entries = m.__dict__.get(table, {})
             modelled = builder.existing(entries)
@@ -225,6 +229,11 @@ class ModuleValue(Value):
         return _instance_lookup(tx, self, type(m), name, src)
 
     def setattr(self, tx: Translator, name: str, value: Value) -> None:
+        if getattr(self, "dict_read", False):
+            raise Unsupported(
+                BreakReason.SIDE_EFFECT,
+                f"setting {name!r} on {self.describe()} after the trace read its whole __dict__",
+            )
         tx.ctx.effects.store_attr(self, name, value)
 
     def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
