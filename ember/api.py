@@ -364,7 +364,7 @@ class CompiledModule(torch.nn.Module):
         if (
             has_hooks(mod)
             or type(mod).__call__ is not torch.nn.Module.__call__
-            or getattr(mod.forward, "__func__", None) is not type(mod).forward
+            or "forward" in mod.__dict__
         ):
             # the hooks (the class's own __call__, a forward set on the object) are traced
             # with the call, as Dynamo does

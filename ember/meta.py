@@ -11,6 +11,9 @@ device arguments to meta while an op runs (see aot/trace.py and capture/values/m
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import torch
 
 META = torch.device("meta")
@@ -31,3 +34,14 @@ def to_meta(real: torch.Tensor) -> torch.Tensor:
         if not real.is_leaf:
             meta = meta.clone()  # keeps dense strides
     return meta
+
+
+def hollow_tensor(
+    size: Sequence[Any], stride: Sequence[Any], dtype: torch.dtype, offset: Any = 0
+) -> torch.Tensor:
+    """A new meta tensor (no view of another) of this layout. `torch.empty_strided` would
+    work out its storage size from the symbolic sizes, some ten SymInt operations of ~0.2
+    ms each in a Dynamo ShapeEnv; a meta tensor's storage holds nothing, so the layout is
+    set on an empty one and the result detached from it."""
+    empty = torch.empty(0, dtype=dtype, device=META)
+    return empty.as_strided(size, stride, offset).detach()

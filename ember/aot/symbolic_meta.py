@@ -39,7 +39,7 @@ import torch
 
 from ember.aot.functionalize import is_view_op
 from ember.aot.symbolic import SYM_TYPES
-from ember.meta import META
+from ember.meta import META, hollow_tensor
 
 aten = torch.ops.aten
 
@@ -280,17 +280,6 @@ def _contiguous_strides(size: Sequence[Any], operands: Sequence[Any] = ()) -> li
 
 def _contiguous(size: Sequence[Any], dtype: torch.dtype, operands: Sequence[Any] = ()):
     return hollow_tensor(size, _contiguous_strides(size, operands), dtype)
-
-
-def hollow_tensor(
-    size: Sequence[Any], stride: Sequence[Any], dtype: torch.dtype, offset: Any = 0
-) -> torch.Tensor:
-    """A new meta tensor (no view of another) of this layout. `torch.empty_strided` would
-    work out its storage size from the symbolic sizes, some ten SymInt operations of ~0.2
-    ms each in a Dynamo ShapeEnv; a meta tensor's storage holds nothing, so the layout is
-    set on an empty one and the result detached from it."""
-    empty = torch.empty(0, dtype=dtype, device="meta")
-    return empty.as_strided(size, stride, offset).detach()
 
 
 def pointwise(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:

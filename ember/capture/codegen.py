@@ -114,6 +114,14 @@ class Emitter:
                 BreakReason.UNSUPPORTED_OBJECT, f"{value.describe()} is not a graph output"
             )
 
+    def attribute_map(self, attrs: dict[str, Value]) -> None:
+        """Push `{name: value}` of an object's attributes (what the rebuilders of objects
+        made in the trace set on them)."""
+        for name, value in attrs.items():
+            self.cg.load_const(name)
+            self.reconstruct(value)
+        self.cg.build("MAP", len(attrs))
+
     def reconstruct(self, value: Value) -> None:
         key = id(value)
         if key in self._built:

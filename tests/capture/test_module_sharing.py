@@ -60,14 +60,19 @@ def _eager_chain(blocks) -> list:
     return outputs
 
 
-def test_blocks_compiled_one_by_one_share_graphs_as_under_dynamo():
-    torch.manual_seed(0)
-    blocks = [Block() for _ in range(4)]
+def _graphs_beside_dynamo(blocks: list) -> tuple[int, int]:
+    """The blocks chained under ember (checked against eager) and under Dynamo: the graph
+    counts of both."""
     ours, graphs = _chain(blocks, _ember)
     for got, want in zip(ours, _eager_chain(blocks), strict=True):
         assert_same(got, want)
     torch._dynamo.reset()
-    _, dynamo_graphs = _chain(blocks, _dynamo)
+    return graphs, _chain(blocks, _dynamo)[1]
+
+
+def test_blocks_compiled_one_by_one_share_graphs_as_under_dynamo():
+    torch.manual_seed(0)
+    graphs, dynamo_graphs = _graphs_beside_dynamo([Block() for _ in range(4)])
     # the first block's input needs no grad, the later ones' do: two graphs for four blocks
     assert graphs == dynamo_graphs == 2
 
@@ -76,11 +81,7 @@ def test_a_block_that_differs_in_what_the_trace_read_gets_its_own_graph():
     torch.manual_seed(0)
     blocks = [Block(), Block(), Block(scale=2.0), Block(d=8)]
     blocks[3].fc.bias = None  # no bias: a different parameter table
-    ours, graphs = _chain(blocks, _ember)
-    for got, want in zip(ours, _eager_chain(blocks), strict=True):
-        assert_same(got, want)
-    torch._dynamo.reset()
-    _, dynamo_graphs = _chain(blocks, _dynamo)
+    graphs, dynamo_graphs = _graphs_beside_dynamo(blocks)
     assert graphs == dynamo_graphs == 4
 
 

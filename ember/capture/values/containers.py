@@ -479,10 +479,7 @@ class DictValue(Value):
         if self.dict_type is not dict:
             em.cg.call(1)
         if self.attrs:
-            for name, value in self.attrs.items():
-                em.cg.load_const(name)
-                em.reconstruct(value)
-            em.cg.build("MAP", len(self.attrs))
+            em.attribute_map(self.attrs)
             em.cg.call(2)
 
 

@@ -191,10 +191,7 @@ class DictObjectValue(UserObjectValue):
             em.reconstruct(key_value(key))
             em.reconstruct(value)
         em.cg.build("MAP", len(self._items().items))
-        for name, value in self.attrs.items():
-            em.cg.load_const(name)
-            em.reconstruct(value)
-        em.cg.build("MAP", len(self.attrs))
+        em.attribute_map(self.attrs)
         em.cg.call(3)
 
 

@@ -22,6 +22,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from ember.capture.shapes import SYM_TYPES
 from ember.meta import META as _META
+from ember.meta import hollow_tensor
 from ember.torch_compat import python_dispatcher, without_dynamo
 
 if TYPE_CHECKING:
@@ -78,8 +79,8 @@ def _symbolic(tree: Any) -> bool:
 
 def _run(kind: str, target: Any, args: list, kwargs: dict, symbolic: bool, env: Any) -> Any:
     if symbolic:  # C++ meta kernels want concrete sizes; their Python decompositions take SymInts
-        shortcuts = _Shortcuts(_symbolic_layouts(env)) if env is not None else _no_mode()
-        with python_dispatcher(), shortcuts:
+        mode = _Shortcuts(_symbolic_layouts(env)) if env is not None else None
+        with python_dispatcher(), mode or contextlib.nullcontext():
             return without_dynamo(call_target, kind, target, args, kwargs)
     return without_dynamo(call_target, kind, target, args, kwargs)
 
@@ -103,10 +104,6 @@ class _Shortcuts(TorchDispatchMode):
         if key is not None:
             self.layouts.remember(key, args, out)
         return out
-
-
-def _no_mode() -> Any:
-    return contextlib.nullcontext()
 
 
 def call_target(kind: str, target: Any, args: list, kwargs: dict) -> Any:
@@ -263,22 +260,16 @@ def _rebuild(recipe: tuple, inputs: list[torch.Tensor]) -> Any:
         if base[0] == "input":
             return inputs[base[1]].as_strided(shape, stride, base[2])
         if base[0] == "hollow":
-            return _hollow_tensor(shape, stride, dtype, base[1])
+            return hollow_tensor(shape, stride, dtype, base[1])
         if base[4]:
-            fresh = _hollow_tensor(base[1], base[2], dtype)
+            fresh = hollow_tensor(base[1], base[2], dtype)
         else:
             fresh = torch.empty_strided(base[1], base[2], dtype=dtype, device=_META)
         return fresh.as_strided(shape, stride, base[3])
 
 
-def _hollow_tensor(*layout: Any) -> torch.Tensor:
-    from ember.aot.symbolic_meta import hollow_tensor
-
-    return hollow_tensor(*layout)
-
-
 def _hollow(t: torch.Tensor) -> bool:
-    """A tensor made by a layout shortcut (symbolic_meta.hollow_tensor): its layout on a
+    """A tensor made by a layout shortcut (ember.meta.hollow_tensor): its layout on a
     storage of no bytes."""
     return t.untyped_storage().nbytes() == 0 and t.numel() != 0
 

@@ -55,16 +55,16 @@ def _class_attribute(tx: Translator, owner: Value, cls: type, name: str, source)
             return UserFunctionValue(fallback).call(tx, [owner, ConstantValue(name)], {})
         raise MissingAttribute(f"{cls.__name__!r} object has no attribute {name!r}", cls)
     if isinstance(attr, types.FunctionType):
-        _pin_class_attribute(tx, cls, name, attr)
+        pin_class_attribute(tx, cls, name, attr)
         return BoundMethodValue(_function_value(attr), owner)
     if isinstance(attr, property) and isinstance(attr.fget, types.FunctionType):
-        _pin_class_attribute(tx, cls, name, attr)
+        pin_class_attribute(tx, cls, name, attr)
         return UserFunctionValue(attr.fget).call(tx, [owner], {})
     if isinstance(attr, staticmethod):
-        _pin_class_attribute(tx, cls, name, attr.__func__)
+        pin_class_attribute(tx, cls, name, attr.__func__)
         return tx.ctx.builder.wrap_const(attr.__func__)
     if isinstance(attr, classmethod):
-        _pin_class_attribute(tx, klass, name, attr, in_dict=True)
+        pin_class_attribute(tx, klass, name, attr, in_dict=True)
         return BoundMethodValue(UserFunctionValue(attr.__func__), tx.ctx.builder.wrap_const(cls))
     if hasattr(attr, "__get__") and not isinstance(attr, (type, types.BuiltinFunctionType)):
         if isinstance(attr, (types.WrapperDescriptorType, types.MethodDescriptorType)):
@@ -85,18 +85,15 @@ def _class_attribute(tx: Translator, owner: Value, cls: type, name: str, source)
     return tx.ctx.builder.wrap(attr, AttrSource(source, name))
 
 
-def _pin_class_attribute(
+def pin_class_attribute(
     tx: Translator, cls: type, name: str, attr: Any, in_dict: bool = False
 ) -> None:
     """Guard that the method, property or staticmethod the trace ran is still what `cls`
     has for `name` (replaced on the class, or on a class of its MRO, it changes what the code
     does): `cls.name` by identity; a classmethod (a new bound method on each read) by its
     entry in the class dict that holds it."""
-    from ember.capture.guards import GuardKind
-
-    source: Source = AttrSource(ConstSource(cls, cls.__qualname__), name)
-    if in_dict:
-        source = ItemSource(AttrSource(ConstSource(cls, cls.__qualname__), "__dict__"), name)
+    owner = ConstSource(cls, cls.__qualname__)
+    source = ItemSource(AttrSource(owner, "__dict__"), name) if in_dict else AttrSource(owner, name)
     tx.ctx.guards.add(GuardKind.CLASS_MEMBER, source, attr)
 
 
@@ -120,6 +117,16 @@ def _instance_lookup(tx: Translator, owner: Value, cls: type, name: str, source)
         instance_dict = attr_source(source, "__dict__", cls)
         tx.ctx.guards.add(GuardKind.DICT_CONTAINS, instance_dict, (name, False))
     return found
+
+
+def _refuse_after_whole_dict_read(owner: Value, name: str) -> None:
+    """An attribute write after the trace read the object's whole `__dict__` (see
+    InstanceDictValue.whole, which sets `dict_read`): the read value would be stale."""
+    if getattr(owner, "dict_read", False):
+        raise Unsupported(
+            BreakReason.SIDE_EFFECT,
+            f"setting {name!r} on {owner.describe()} after the trace read its whole __dict__",
+        )
 
 
 def _descriptor_value(tx: Translator, klass: type, name: str) -> Value:
@@ -229,11 +236,7 @@ class ModuleValue(Value):
         return _instance_lookup(tx, self, type(m), name, src)
 
     def setattr(self, tx: Translator, name: str, value: Value) -> None:
-        if getattr(self, "dict_read", False):
-            raise Unsupported(
-                BreakReason.SIDE_EFFECT,
-                f"setting {name!r} on {self.describe()} after the trace read its whole __dict__",
-            )
+        _refuse_after_whole_dict_read(self, name)
         tx.ctx.effects.store_attr(self, name, value)
 
     def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
@@ -425,12 +428,8 @@ class UserObjectValue(Value):
         if self.is_new:
             tx.ctx.effects.touch(self)
             self.attrs[name] = value
-        elif getattr(self, "dict_read", False):
-            raise Unsupported(
-                BreakReason.SIDE_EFFECT,
-                f"setting {name!r} on {self.describe()} after the trace read its whole __dict__",
-            )
         else:
+            _refuse_after_whole_dict_read(self, name)
             tx.ctx.effects.store_attr(self, name, value)
 
     def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
@@ -500,10 +499,7 @@ class UserObjectValue(Value):
             return super().reconstruct(em)
         em.cg.load_const(rebuild_object, push_null=True)
         em.cg.load_const(self.cls)
-        for name, value in self.attrs.items():
-            em.cg.load_const(name)
-            em.reconstruct(value)
-        em.cg.build("MAP", len(self.attrs))
+        em.attribute_map(self.attrs)
         em.cg.call(2)
 
 

@@ -18,11 +18,11 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ember.capture import autocast
-from ember.capture.guards import GuardKind
 from ember.capture.shapes import SYM_TYPES
-from ember.capture.sources import AttrSource, ConstSource
+from ember.capture.sources import AttrSource
 from ember.capture.values.base import ConstantValue, MissingAttribute, Value
 from ember.capture.values.meta import is_data_dependent_error, result_device, run_on_meta
+from ember.capture.values.objects import pin_class_attribute
 from ember.errors import BreakReason, Unsupported
 
 if TYPE_CHECKING:
@@ -173,8 +173,7 @@ class TensorValue(Value):
     def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
         member = getattr(torch.Tensor, name, None)
         if member is not None:  # `torch.Tensor.relu = ...` after the capture changes the call
-            source = AttrSource(ConstSource(torch.Tensor, "torch.Tensor"), name)
-            tx.ctx.guards.add(GuardKind.CLASS_MEMBER, source, member)
+            pin_class_attribute(tx, torch.Tensor, name, member)
         if name in _META_METHODS:
             from ember.capture.values.base import constants
 
