@@ -125,8 +125,9 @@ def generate(
     else:
         with _stage("C++ generation"):
             sources = [PRELUDE]
+            shared = memory.in_place_buffers(s, plan)
             for k in s.kernels():
-                src, params[k.name] = kernel_source(k, buffers)
+                src, params[k.name] = kernel_source(k, buffers, shared[k.name])
                 sources.append(src)
             module = build.SPLIT.join(sources)
             py = wrapper.wrapper_source(s, params, plan)

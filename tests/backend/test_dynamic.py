@@ -110,6 +110,7 @@ def test_symbolic_kernel_takes_sizes_as_arguments():
         _run(fn, [(torch.randn(n, 7),) for n in (3, 5)])
     (art,) = artifacts
     assert "const int64_t s" in art.cpp
+    assert "omp parallel for" in art.cpp and "if(" in art.cpp  # threads decided at run time
     assert "s" in "".join(art.kernels.values())  # the kernel's int64 size arguments
     call = next(line for line in art.wrapper.splitlines() if "_kernel0(" in line)
     assert call.rstrip(")").split(", ")[-1].startswith("s")

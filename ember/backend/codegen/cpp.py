@@ -220,10 +220,13 @@ def _limit(d: DType, which: str) -> str:
 class KernelWriter:
     """Writes one kernel function; `scalars` maps buffers to in-register values in scope."""
 
-    def __init__(self, k: Kernel, buffers: dict[str, ir.Buffer]) -> None:
+    def __init__(
+        self, k: Kernel, buffers: dict[str, ir.Buffer], in_place: frozenset[str] = frozenset()
+    ) -> None:
         self.k = k
         self.plan = plan_kernel(k, buffers)
         self.buffers = buffers
+        self.in_place = in_place
         self.lines: list[str] = []
         self.prefetch: list[tuple[str, sympy.Expr]] = []  # see plan.next_rows
 
@@ -242,25 +245,26 @@ class KernelWriter:
                 sig.append(f"const int64_t {b}")  # a size symbol
                 continue
             t = STORAGE_T[self.buffers[b].dtype]
-            sig.append(f"{'' if b in written else 'const '}{t}* __restrict__ {b}")
+            restrict = "" if b in self.in_place else " __restrict__"
+            sig.append(f"{'' if b in written else 'const '}{t}*{restrict} {b}")
         self.lines.append(f'extern "C" void {k.name}({", ".join(sig)}) {{')
         inner = max([_prod(lp.inner) for lp in k.loops] + [1], key=hint)
-        par = f"if({c_size(_prod(k.outer) * inner)} >= {PARALLEL_MIN_WORK})"
+        self.work = sympy.sympify(_prod(k.outer) * inner)
         if self.plan.form == Form.COLUMNS:
-            self._columns(par)
+            self._columns()
             return "\n".join(self.lines)
         n = len(k.outer)
         pure = self.plan.form == Form.POINTWISE
         ind = "  "
         plan = self.plan.segments
         if plan:
-            self._segmented(plan, par)
+            self._segmented(plan)
             return "\n".join(self.lines)
         if pure and n >= 1:
             if n == 1:
-                self.lines.append(f"{ind}#pragma omp parallel for simd schedule(static) {par}")
+                self._parallel_for(ind, "schedule(static)", simd=True)
             else:
-                self.lines.append(f"{ind}#pragma omp parallel for collapse({n - 1}) {par}")
+                self._parallel_for(ind, f"collapse({n - 1})")
             for i, s in enumerate(k.outer):
                 if i == n - 1 and n > 1:
                     self.lines.append(f"{ind}#pragma omp simd")
@@ -268,7 +272,7 @@ class KernelWriter:
                 ind += "  "
         else:
             if n:
-                self.lines.append(f"{ind}#pragma omp parallel for collapse({n}) {par}")
+                self._parallel_for(ind, f"collapse({n})")
             for i, s in enumerate(k.outer):
                 self.lines.append(f"{ind}for (int64_t x{i} = 0; x{i} < {c_size(s)}; ++x{i}) {{")
                 ind += "  "
@@ -285,7 +289,22 @@ class KernelWriter:
             self.lines.append(f"{ind}}}")
         return "\n".join(self.lines)
 
-    def _segmented(self, plan: tuple[Segment, ...], par: str) -> None:
+    def _parallel_for(self, ind: str, clauses: str = "", simd: bool = False) -> None:
+        """Open an OpenMP parallel loop that runs threaded only when the kernel's work
+        reaches PARALLEL_MIN_WORK elements. Work known at compile time to be smaller gets a
+        plain (simd) loop instead: a parallel region under a false `if` still runs as gcc's
+        outlined function, which vectorizes worse (resnet's 3x3 max pool with indices on
+        2x16x16x16: 24 us with the region, 16 us without)."""
+        work = self.work
+        if work.is_Integer and int(work) < PARALLEL_MIN_WORK:
+            if simd:
+                self.lines.append(f"{ind}#pragma omp simd")
+            return
+        cond = "" if work.is_Integer else f"if({c_size(work)} >= {PARALLEL_MIN_WORK})"
+        words = ["parallel for", "simd" if simd else "", clauses, cond]
+        self.lines.append(f"{ind}#pragma omp {' '.join(w for w in words if w)}")
+
+    def _segmented(self, plan: tuple[Segment, ...]) -> None:
         """A pure pointwise kernel whose innermost loop is cut into parts (see plan.segments):
         each part reads only the pieces its range covers, without masks, and a part whose
         loads divide the innermost variable by `d` runs as an outer loop over blocks of `d`
@@ -293,7 +312,7 @@ class KernelWriter:
         k, n = self.k, len(self.k.outer)
         ind = "  "
         if n > 1:
-            self.lines.append(f"{ind}#pragma omp parallel for collapse({n - 1}) {par}")
+            self._parallel_for(ind, f"collapse({n - 1})")
         for i, s in enumerate(k.outer[:-1]):
             self.lines.append(f"{ind}for (int64_t x{i} = 0; x{i} < {c_size(s)}; ++x{i}) {{")
             ind += "  "
@@ -305,7 +324,7 @@ class KernelWriter:
             if part.block > 1:
                 block, lane = split_vars(var)
                 if alone:
-                    self.lines.append(f"{ind}#pragma omp parallel for {par}")
+                    self._parallel_for(ind)
                 n_blocks = (part.hi - part.lo) // part.block
                 self.lines.append(
                     f"{ind}for (int64_t {block} = 0; {block} < {n_blocks}; ++{block}) {{"
@@ -316,8 +335,10 @@ class KernelWriter:
                 )
                 inner = ind + "  "
             else:
-                simd = f"parallel for simd {par}" if alone else "simd"
-                self.lines.append(f"{ind}#pragma omp {simd}")
+                if alone:
+                    self._parallel_for(ind, simd=True)
+                else:
+                    self.lines.append(f"{ind}#pragma omp simd")
                 self.lines.append(
                     f"{ind}for (int64_t {var} = {part.lo}; {var} < {part.hi}; ++{var}) {{"
                 )
@@ -334,14 +355,15 @@ class KernelWriter:
             self.lines.append(f"{ind}}}")
         self.lines.append("}")
 
-    def _columns(self, par: str) -> None:
+    def _columns(self) -> None:
         """Reductions down columns: rows outer, a block of COLUMNS adjacent outputs inner, so
         memory is read in row order instead of one strided column at a time. Blocks of
         COLUMNS rows are reduced first and then combined (a two-level cascade, for accuracy)."""
         (size,), lp = self.k.outer, self.k.loops[0]
         self.stash, self.preset, self.loop_index = {}, {}, 0
         w, rows, size = COLUMNS, c_size(lp.inner[0]), c_size(size)
-        out = [f"  #pragma omp parallel for {par}"]
+        self._parallel_for("  ")
+        out: list[str] = []
         out.append(f"  for (int64_t xb = 0; xb < {size}; xb += {w}) {{")
         out.append(f"    const int64_t xn = {size} - xb < {w} ? {size} - xb : {w};")
         for r in lp.nodes:
@@ -563,7 +585,10 @@ def c_size(v: ir.Size) -> str:
     return str(v) if isinstance(v, int) else indexing.to_c(v)
 
 
-def kernel_source(k: Kernel, buffers: dict[str, ir.Buffer]) -> tuple[str, list[str]]:
-    """(C++ text of the kernel function, its parameters in order: pointers, then sizes)."""
-    w = KernelWriter(k, buffers)
+def kernel_source(
+    k: Kernel, buffers: dict[str, ir.Buffer], in_place: frozenset[str] = frozenset()
+) -> tuple[str, list[str]]:
+    """(C++ text of the kernel function, its parameters in order: pointers, then sizes).
+    `in_place`: buffers the wrapper passes with one storage (memory.in_place_buffers)."""
+    w = KernelWriter(k, buffers, in_place)
     return w.source(), w.params()

@@ -97,6 +97,19 @@ def plan(s: Schedule) -> Plan:
     return Plan(tuple(allocs), tuple(frees))
 
 
+def in_place_buffers(s: Schedule, p: Plan) -> dict[str, frozenset[str]]:
+    """Per kernel, the buffers it reads and writes through one storage (an output that took
+    the storage of a buffer the same kernel reads): their pointers must not be declared
+    non-aliasing, or the compiler may reorder a load after the store that replaced it."""
+    out: dict[str, frozenset[str]] = {}
+    for step, allocs in zip(s.steps, p.allocs, strict=True):
+        if isinstance(step, Kernel):
+            reads = step_reads(step)
+            pairs = [(b, d) for b, d in allocs if d is not None and d in reads]
+            out[step.name] = frozenset(x for pair in pairs for x in pair)
+    return out
+
+
 def _live_bytes(
     s: Schedule, buffers: dict[str, ir.Buffer], frees: list[tuple[str, ...]], inputs: set[str]
 ) -> list[int]:
