@@ -491,6 +491,19 @@ def _native_batch_norm(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> 
     return out
 
 
+def _batch_norm_backward(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
+    """In training, native_batch_norm_backward reads only the saved batch statistics, yet
+    autograd hands it the running statistics too (after the forward's update): recorded as
+    they come, the partitioner would save two more tensors per batch norm for a backward
+    that never reads them. They are recorded as None, which the op accepts."""
+    names = [a.name for a in func._schema.arguments]
+    bound = dict(zip(names, args, strict=False)) | kwargs
+    if not bound.get("train") or bound.get("running_mean") is None:
+        return NotImplemented
+    bound |= {"running_mean": None, "running_var": None}
+    return tracer.dispatch(func, tuple(bound[n] for n in names), {})
+
+
 def _device_position(func: Any) -> int | None:
     """Schema position of `func`'s `device` argument (factory ops and copies take one)."""
     if func not in _DEVICE_POSITION:
@@ -548,6 +561,7 @@ SpecialRule = Callable[[Tracer, Any, tuple, dict], Any]
 _SPECIAL: dict[Any, SpecialRule] = {
     aten.lift_fresh.default: _lift_fresh,
     aten.native_batch_norm.default: _native_batch_norm,
+    aten.native_batch_norm_backward.default: _batch_norm_backward,
     aten.convolution.default: convolution.convolution,
     aten.convolution_backward.default: convolution.convolution_backward,
 }

@@ -8,7 +8,10 @@ a sum-of-exp loop and the normalizing loop, reading the row from memory once.
 
 Legality: a node may read a buffer produced inside the kernel only at the element the
 current outer point (and, for pointwise producers, inner point) wrote. Profitability: fuse
-only nodes that share data with the kernel (consumer or sibling reading the same input).
+only nodes that share data with the kernel (consumer or sibling reading the same input),
+except tiny ones: a kernel of a few elements costs its call, not its loop, so independent
+tiny nodes over one space share a kernel (a conv net's per-layer `num_batches_tracked + 1`
+are one kernel, not one each).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from ember.backend.scheduler.dependencies import output_buffers
 from ember.backend.sizes import same
 
 MAX_KERNEL_NODES = 24
+TINY = 64  # elements (static) of a node and a kernel that may share it without sharing data
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -112,6 +116,11 @@ def _divides_by_size(*indices: sympy.Expr) -> bool:
     )
 
 
+def _tiny(space: tuple) -> bool:
+    size = _prod(space)
+    return isinstance(size, int | sympy.Integer) and size <= TINY
+
+
 def _signature(node: ir.Pointwise | ir.Reduction) -> tuple[tuple[int, ...], tuple[int, ...]]:
     if isinstance(node, ir.Reduction):
         return node.ranges, node.reduction_ranges
@@ -190,9 +199,14 @@ class _Builder:
                 earliest = max(earliest, li)
         return True, earliest
 
-    def try_add(self, node: ir.Pointwise | ir.Reduction) -> bool:
+    def try_add(self, node: ir.Pointwise | ir.Reduction, unrelated: bool = False) -> bool:
+        """Add the node if legal and useful: sharing data with the kernel, or, with
+        `unrelated`, both tiny."""
         reads = ir.node_reads(node)
-        if not (reads & (self.reads | set(self.produced))):
+        if unrelated:
+            if not all(_tiny(self.outer + tuple(inner)) for inner, _ in self.loops):
+                return False
+        elif not reads & (self.reads | set(self.produced)):
             return False
         if _down_columns(node) or self.columns and not isinstance(node, ir.Reduction):
             return False
@@ -244,9 +258,18 @@ def schedule(g: ir.LoopGraph) -> Schedule:
 
 
 def _place(steps: list, node: ir.Node, made_at: dict[str, int]) -> int | None:
-    """The latest kernel the node can join: its other inputs must exist before that kernel."""
+    """The latest kernel the node can join: its other inputs must exist before that kernel.
+    A kernel sharing data with the node comes first; a tiny node that finds none may join
+    the latest tiny kernel over its space."""
     if isinstance(node, ir.ExternCall):
         return None
+    at = _scan(steps, node, made_at, unrelated=False)
+    if at is None and _tiny(sum(_signature(node), ())):
+        at = _scan(steps, node, made_at, unrelated=True)
+    return at
+
+
+def _scan(steps: list, node: ir.Node, made_at: dict[str, int], unrelated: bool) -> int | None:
     ready = max((made_at[b] for b in ir.node_reads(node)), default=-1)
     for i in range(len(steps) - 1, -1, -1):
         s = steps[i]
@@ -255,7 +278,7 @@ def _place(steps: list, node: ir.Node, made_at: dict[str, int]) -> int | None:
             outside_ready = max(
                 (made_at[b] for b in ir.node_reads(node) if b not in inside), default=-1
             )
-            if outside_ready < i and s.try_add(node):
+            if outside_ready < i and s.try_add(node, unrelated):
                 return i
         if i <= ready:
             return None
