@@ -6,6 +6,10 @@ capture/subgraph.py) besides tensors. ember's aot stage (aot/higher_order.py) do
 these functions: it reads the nodes and compiles the bodies (a checkpointed body is inlined
 and recomputed in the backward; cond's branches are compiled apart).
 
+A custom `torch.autograd.Function` call is a `FunctionApply` node: it calls the Function's
+own `apply`, so ember's aot stage records the user's forward and, through PyTorch's
+autograd, the user's backward in its joint trace.
+
 `torch.cond` nodes use PyTorch's own op, `torch.ops.higher_order.cond`, whose eager kernel
 is exact. Checkpointing uses ember's `checkpoint` below rather than PyTorch's
 `tag_activation_checkpoint`, whose eager kernel recomputes without restoring the random
@@ -51,6 +55,26 @@ def vmap(
 def grad(body: Callable[..., Any], argnums: tuple[int, ...], *operands: Any) -> Any:
     """`torch.func.grad` of a body returning one single-element tensor (as a 1-tuple)."""
     return torch.func.grad(lambda *args: body(*args)[0], argnums=argnums)(*operands)
+
+
+class FunctionApply:
+    """The target of a captured `MyFn.apply(...)` call (capture/values/autograd_function.py):
+    calls it, and returns its tensors as a tuple (the node's outputs are read by index).
+    Nothing is traced here: ember's aot stage runs it under its recorder, where PyTorch's
+    autograd records the user's forward and, in the joint trace, calls the user's backward."""
+
+    def __init__(self, cls: type[torch.autograd.Function]) -> None:
+        self.cls = cls
+        self.__name__ = self.__qualname__ = f"{cls.__name__}_apply"  # fx names globals so
+        self.__module__ = cls.__module__
+
+    def __call__(self, *args: Any) -> tuple[torch.Tensor, ...]:
+        result = self.cls.apply(*args)
+        items = result if isinstance(result, tuple) else (result,)
+        return tuple(i for i in items if isinstance(i, torch.Tensor))
+
+    def __repr__(self) -> str:
+        return f"{self.cls.__qualname__}.apply"
 
 
 def for_inductor(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:

@@ -70,7 +70,8 @@ class SideEffects:
             raise Unsupported(
                 BreakReason.SIDE_EFFECT,
                 f"the function of {self._fence[1]} changes {what}, which lives outside it",
-                hint="a checkpointed function or a cond branch may only compute tensors; "
+                hint="a checkpointed function, a cond branch or a custom autograd.Function "
+                "captured as one node may only compute tensors; "
                 "move the mutation out of it",
             )
 

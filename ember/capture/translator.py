@@ -67,7 +67,9 @@ class Checkpoint:
     locals: dict[str, Value]
     lazy_args: dict[str, Any]
     kw_names: tuple[str, ...]
-    node_count: int
+    last_node: torch.fx.Node | None
+    """The graph's last node: what the instruction made comes after it (a placeholder it
+    added for a tensor it read goes among the placeholders, before it)."""
     effects_version: int
     grad_enabled: bool
     autocast: tuple[AutocastMode, ...]
@@ -474,7 +476,7 @@ class Translator:
             dict(self.locals),
             dict(self._lazy_args),
             self.kw_names,
-            len(nodes),
+            next(iter(reversed(nodes)), None),
             self.ctx.effects.version,
             torch.is_grad_enabled(),
             self.ctx.autocast,
@@ -485,8 +487,12 @@ class Translator:
         objects were already mutated by it, which cannot be undone)."""
         if self.ctx.effects.version != cp.effects_version:
             return False
+        nodes = list(self.ctx.out.graph.nodes)
+        if cp.last_node is not None and cp.last_node not in nodes:
+            return False  # the instruction took out a node it found: start again
+        made = nodes[nodes.index(cp.last_node) + 1 :] if cp.last_node is not None else nodes
         graph = self.ctx.out.graph
-        for node in reversed(list(graph.nodes)[cp.node_count :]):
+        for node in reversed(made):
             if node.op == "placeholder":
                 continue
             graph.erase_node(node)

@@ -137,3 +137,54 @@ def tensors(*shapes: tuple[int, ...]) -> Callable[[], tuple]:
         return tuple(torch.randn(*shape, generator=gen) for shape in shapes)
 
     return make
+
+
+def train_check(fn, make, *, backend="eager", params=(), dynamo=True) -> Counts:
+    """Forward and backward of `fn` eagerly and under ember (twice, the second from the
+    cache): outputs, the gradients of its arguments and of `params` must agree; then the
+    capture is compared with Dynamo's."""
+
+    def run(f):
+        for p in params:
+            p.grad = None
+        args = make()
+        out = f(*args)
+        loss = sum((o.float() * (i + 1)).sum() for i, o in enumerate(_tensors(out)))
+        loss.backward()
+        grads = [a.grad for a in args if isinstance(a, torch.Tensor)]
+        return out, grads, [p.grad for p in params]
+
+    ember.reset()
+    counter = CountingBackend(backend)
+    compiled = ember.compile(fn, backend=counter)
+    counts = None
+    for attempt in range(2):
+        torch.manual_seed(attempt)
+        expected = run(fn)
+        torch.manual_seed(attempt)
+        actual = run(compiled)
+        assert_same(actual, expected, path=f"run {attempt}")
+        if counts is None:
+            stats = ember.stats()
+            counts = Counts(counter.frame_count, stats["graph_breaks"], counter.op_count)
+    if dynamo:
+        compare_with_dynamo(counts, dynamo_counts(fn, make))
+    return counts
+
+
+def _tensors(out):
+    if isinstance(out, torch.Tensor):
+        return [out]
+    return [t for item in out for t in _tensors(item)] if isinstance(out, list | tuple) else []
+
+
+def leaf_tensors(*shapes, grad=(True,)):
+    def make():
+        gen = torch.Generator().manual_seed(0)
+        out = []
+        for i, shape in enumerate(shapes):
+            needs = grad[i] if i < len(grad) else grad[-1]
+            out.append(torch.randn(*shape, generator=gen).requires_grad_(needs))
+        return tuple(out)
+
+    return make

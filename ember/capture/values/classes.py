@@ -36,6 +36,10 @@ if TYPE_CHECKING:
     from ember.capture.translator import Translator
 
 
+_FUNCTION_APPLY = torch.autograd.Function.__dict__["apply"]
+"""`MyFn.apply` of a custom autograd.Function: one graph node (values/autograd_function.py)."""
+
+
 class ClassValue(Value):
     """A class: calling it constructs; its attributes are read through a guarded source."""
 
@@ -74,6 +78,10 @@ class ClassValue(Value):
         for klass in self.cls.__mro__:
             if name in klass.__dict__:
                 attr = klass.__dict__[name]
+                if attr is _FUNCTION_APPLY:
+                    from ember.capture.values.autograd_function import FunctionApplyValue
+
+                    return FunctionApplyValue(self)
                 if isinstance(attr, classmethod):
                     return BoundMethodValue(UserFunctionValue(attr.__func__), self)
                 if isinstance(attr, staticmethod):
