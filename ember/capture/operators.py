@@ -179,10 +179,8 @@ def _contains(tx: Translator, container: Value, item: Value) -> Value:
         return ConstantValue(container.contains(tx, item))
     if isinstance(container, DictValue):
         return ConstantValue(container._key(item) in container.items)
-    if isinstance(container, TensorValue) or isinstance(item, TensorValue):
-        if isinstance(container, TensorValue):
-            raise Unsupported(BreakReason.DATA_DEPENDENT_BRANCH, "`in` on a tensor")
-        return ConstantValue(any(v is item for v in container.iterate(tx)))
+    if isinstance(container, TensorValue):
+        raise Unsupported(BreakReason.DATA_DEPENDENT_BRANCH, "`in` on a tensor")
     if isinstance(container, IteratorValue):  # pulls up to the first match, as Python does
         while (v := container.next(tx)) is not None:
             if same_value(tx, v, item):

@@ -375,7 +375,7 @@ def _next(tx, args, kwargs):
     if value is None:
         if len(args) > 1:
             return args[1]
-        raise_in_trace(tx, StopIteration, [], "StopIteration from next()")
+        raise_in_trace(tx, StopIteration, it.stop_arguments(), "StopIteration from next()")
     return value
 
 

@@ -215,13 +215,10 @@ class ListValue(SequenceValue):
             self._mutate(tx)
             return items.pop(*(a.as_constant() for a in args))
         elif name == "remove":
-            target = args[0]
-            for i, item in enumerate(items):
-                if item is target or (
-                    item.is_constant()
-                    and target.is_constant()
-                    and item.as_constant() == target.as_constant()
-                ):
+            from ember.capture.operators import same_value
+
+            for i, item in enumerate(items):  # `==` on each up to the match, as list does
+                if same_value(tx, item, args[0]):
                     self._mutate(tx)
                     del items[i]
                     break
@@ -549,6 +546,15 @@ class IteratorValue(Value):
 
     def describe(self) -> str:
         return "iterator"
+
+    def stop_arguments(self) -> list[Value]:
+        """The arguments of the StopIteration that reports this iterator's end: a
+        generator's return value (`e.value`) the first time, nothing after that nor for
+        other iterators, as CPython raises it."""
+        returned, self.returned = self.returned, None
+        if returned is None or (returned.is_constant() and returned.as_constant() is None):
+            return []
+        return [returned]
 
     def truth(self, tx: Translator) -> bool:
         return True  # no __len__ or __bool__: always true

@@ -133,6 +133,13 @@ class TensorValue(Value):
         raise NotConstant(self.describe(), BreakReason.TENSOR_TO_PYTHON)
 
     def truth(self, tx: Translator) -> bool:
+        count = self.example.numel()
+        if isinstance(count, int) and count != 1:  # what eager raises, known from the size
+            from ember.capture.values.exceptions import raise_in_trace
+
+            what = "no values" if count == 0 else "more than one value"
+            message = f"Boolean value of Tensor with {what} is ambiguous"
+            raise_in_trace(tx, RuntimeError, [ConstantValue(message)], f"RuntimeError: {message}")
         raise Unsupported(
             BreakReason.DATA_DEPENDENT_BRANCH,
             f"branching on the value of {self.describe()}",
@@ -150,6 +157,8 @@ class TensorValue(Value):
             return tensor_op(tx, "call_function", getattr, [self, ConstantValue(name)], {})
         if name == "grad":
             return self._grad(tx)
+        if name == "__class__":  # pinned by the tensor's guard (its type), or made here
+            return tx.ctx.builder.wrap_const(self.python_cls)
         if callable(getattr(torch.Tensor, name, None)):
             return MethodValue(self, name)
         if not hasattr(torch.Tensor, name):

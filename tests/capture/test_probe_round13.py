@@ -1,0 +1,105 @@
+"""Probe round 13 (issue 12): small programs over Python corners that model code and
+Dynamo's own tests use (tensor attributes, generators' return values, `in` and `remove` on
+lists of tensors, seeds, modules made in the trace, ...), each compared with eager and with
+Dynamo's counts through fidelity_harness."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fidelity_harness import check, tensors
+
+# wrong answers
+
+
+def p_tensor_class_is_its_type(x):
+    cls = x.__class__
+    return cls is torch.Tensor, x.__class__.__name__, (x + 1).__class__ is type(x)
+
+
+def p_parameter_class(x):
+    p = torch.nn.Parameter(torch.ones(4))
+    return p.__class__ is torch.nn.Parameter, x * p.detach()
+
+
+def p_generator_return_value_through_next(x):
+    def inner():
+        yield 1
+        return x * 3
+
+    it = inner()
+    next(it)
+    seen = []
+    for _ in range(2):  # the value comes with the first StopIteration only
+        try:
+            next(it)
+        except StopIteration as e:
+            seen.append((e.value, e.args))
+    return seen
+
+
+def p_generator_return_value_through_yield_from(x):
+    def inner():
+        yield 1
+        return x * 3
+
+    def outer():
+        v = yield from inner()
+        return v + 1
+
+    it = outer()
+    next(it)
+    try:
+        next(it)
+    except StopIteration as e:
+        return e.value
+
+
+def p_generator_send_bare_return(x):
+    def inner():
+        a = yield 1
+        if a is None:
+            return
+        yield 2
+
+    it = inner()
+    next(it)
+    try:
+        it.send(None)
+    except StopIteration as e:
+        return e.value, e.args, x
+
+
+def p_tensor_in_list_compares_with_eq(x):
+    y = x + 0
+    try:
+        found = y in [x]  # not the same object: `y == x`, whose truth is ambiguous
+    except RuntimeError:
+        found = "ambiguous"
+    return found, y in [y], x in [x, y]
+
+
+def p_list_remove_compares_with_eq(x):
+    y = x + 1
+    items = [x, y]
+    try:
+        items.remove(y)  # `x == y` first
+    except RuntimeError:
+        return len(items), "ambiguous"
+    return len(items)
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        p_tensor_class_is_its_type,
+        p_parameter_class,
+        p_generator_return_value_through_next,
+        p_generator_return_value_through_yield_from,
+        p_generator_send_bare_return,
+        p_tensor_in_list_compares_with_eq,
+        p_list_remove_compares_with_eq,
+    ],
+)
+def test_wrong_answers(program):
+    check(program, tensors((4,)))
