@@ -103,3 +103,35 @@ def p_list_remove_compares_with_eq(x):
 )
 def test_wrong_answers(program):
     check(program, tensors((4,)))
+
+
+def p_module_made_in_trace_leaves_the_generator(x):
+    lin = torch.nn.Linear(4, 4)  # made at a break: capturing it must draw nothing
+    return lin(x), torch.rand(2)
+
+
+def test_module_made_in_trace_leaves_the_generator():
+    check(
+        p_module_made_in_trace_leaves_the_generator,
+        tensors((4,)),
+        reset=lambda: torch.manual_seed(0),
+    )
+
+
+# crashes
+
+
+def p_seed_then_draw(x):
+    torch.random.manual_seed(3)  # torch.manual_seed before torch._dynamo replaces it
+    a = torch.rand(4)
+    return x + a + torch.randn(4)
+
+
+def p_seed_then_module(x):
+    torch.random.manual_seed(0)
+    return torch.nn.Linear(4, 4)(x)
+
+
+@pytest.mark.parametrize("program", [p_seed_then_draw, p_seed_then_module])
+def test_seeding_runs_in_python(program):
+    check(program, tensors((4,)))

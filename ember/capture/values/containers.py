@@ -179,12 +179,13 @@ class TupleValue(SequenceValue):
 
 
 def _return_type_fields(struct: type | None) -> tuple[str, ...] | None:
-    """torch.return_types (max, sort, ...) are structseqs: their field names by position."""
-    if struct is None or not hasattr(struct, "n_sequence_fields"):
+    """The field names by position of a structseq (torch.return_types' max, sort, ...;
+    os.stat_result): its `__match_args__`, where every position has a name (stat_result's
+    unnamed integer times have none: its fields are not modelled)."""
+    names = getattr(struct, "__match_args__", None)
+    if names is None or len(names) != getattr(struct, "n_sequence_fields", -1):
         return None
-    probe = struct(tuple(range(struct.n_sequence_fields)))
-    names = [n for n in dir(probe) if not n.startswith(("_", "n_")) and n not in ("count", "index")]
-    return tuple(sorted(names, key=lambda n: getattr(probe, n)))
+    return names
 
 
 class ListValue(SequenceValue):
