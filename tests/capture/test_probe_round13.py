@@ -5,9 +5,13 @@ Dynamo's counts through fidelity_harness."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from fidelity_harness import check, tensors
+
+import ember
 
 # wrong answers
 
@@ -135,3 +139,78 @@ def p_seed_then_module(x):
 @pytest.mark.parametrize("program", [p_seed_then_draw, p_seed_then_module])
 def test_seeding_runs_in_python(program):
     check(program, tensors((4,)))
+
+
+def p_register_buffer_on_module_made_in_trace(x):
+    m = torch.nn.Module()
+    m.register_buffer("b", torch.ones(4))  # breaks inside: one module, not one per frame
+    return x + m.b, [name for name, _ in m.named_buffers()]
+
+
+def p_init_functions_on_module_made_in_trace(x):
+    m = torch.nn.Linear(4, 4)
+
+    def init(mod):
+        if isinstance(mod, torch.nn.Linear):
+            torch.nn.init.constant_(mod.weight, 0.5)
+            torch.nn.init.zeros_(mod.bias)
+
+    m.apply(init)
+    return m(x)
+
+
+def p_local_lru_cache(x):
+    @functools.lru_cache(None)
+    def k(n):
+        return n * 2
+
+    return x * k(3) + k(3)
+
+
+def test_register_buffer_on_module_made_in_trace():
+    # Dynamo: 1 graph, no break; ember breaks twice inside register_buffer (a module made
+    # in the trace holds no tensors yet)
+    check(p_register_buffer_on_module_made_in_trace, tensors((4,)), dynamo=False)
+
+
+def test_init_functions_on_module_made_in_trace():
+    check(p_init_functions_on_module_made_in_trace, tensors((4,)))
+
+
+def test_local_lru_cache():
+    # Dynamo: 1 graph, 1 break; ember breaks inside lru_cache's decorator
+    counts = check(p_local_lru_cache, tensors((4,)), dynamo=False)
+    assert counts.eager_frames == 0
+
+
+class _Overriding(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+PARAM = torch.nn.Parameter(torch.ones(4))
+
+
+def p_has_torch_function(x):
+    checks = torch.overrides
+    return (
+        checks.has_torch_function_variadic(x, PARAM),
+        checks.has_torch_function_unary(x),
+        checks.has_torch_function((x, PARAM, 3)),
+        x + 1,
+    )
+
+
+def test_has_torch_function_of_plain_tensors_and_parameters():
+    check(p_has_torch_function, tensors((4,)))
+
+
+def test_has_torch_function_of_a_subclass():
+    def make():
+        return (torch.ones(4).as_subclass(_Overriding),)
+
+    def fn(x):
+        return torch.overrides.has_torch_function_unary(x)
+
+    assert ember.compile(fn, backend="eager")(*make()) is True
