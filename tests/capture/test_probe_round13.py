@@ -214,3 +214,48 @@ def test_has_torch_function_of_a_subclass():
         return torch.overrides.has_torch_function_unary(x)
 
     assert ember.compile(fn, backend="eager")(*make()) is True
+
+
+# whole frames that ran eagerly
+
+
+class _Named:
+    def __init__(self, n):
+        self.n = n
+
+    def __repr__(self):
+        return f"Named({self.n})"
+
+    def __str__(self):
+        return f"<{self.n}>"
+
+
+class _OnlyRepr:
+    def __repr__(self):
+        return "R"
+
+
+class _Formatted:
+    def __format__(self, spec):
+        return "F" + spec
+
+
+NAMED = _Named(5)
+
+
+def p_objects_own_text_methods(x):
+    o = _Named(3)
+    r = _OnlyRepr()
+    texts = (str(o), repr(o), f"{o}", f"{o!r}", f"{o!s:>6}", str(r), f"{r}")
+    return x + o.n, texts, str(NAMED)
+
+
+def p_objects_own_format(x):
+    return x * 2, f"{_Formatted():xy}", format(_Formatted(), "q")
+
+
+@pytest.mark.parametrize("program", [p_objects_own_text_methods, p_objects_own_format])
+def test_objects_own_text_methods(program):
+    # in one graph (they ran eagerly, at FORMAT_VALUE); Dynamo fails on both programs
+    # (AttributeError in the object's repr; InternalTorchDynamoError on __format__)
+    check(program, tensors((4,)), dynamo=False, fullgraph=True)

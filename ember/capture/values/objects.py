@@ -299,6 +299,9 @@ class ModuleValue(Value):
 _SLICEABLE = (torch.nn.Sequential, torch.nn.ModuleList)
 
 
+_TEXT_METHODS = {str: "__str__", repr: "__repr__", format: "__format__"}
+
+
 class UserObjectValue(Value):
     """An instance of a Python class: existing (with a source) or created during capture."""
 
@@ -448,6 +451,22 @@ class UserObjectValue(Value):
         if not any(name in klass.__dict__ for klass in self.cls.__mro__):
             return None
         return _class_attribute(tx, self, self.cls, name, self.source)
+
+    def text(self, tx: Translator, kind: Any, spec: str = "") -> Value | None:
+        """`str(obj)`, `repr(obj)` or `format(obj, spec)` (f-strings) where the class writes
+        the method in Python: the method inlined, object's defaults chained as CPython's
+        (`__format__` without a spec is `str()`, `__str__` is `repr()`). None where it
+        cannot be (object's own repr holds an address; a method written in C)."""
+        name = _TEXT_METHODS[kind]
+        owner = next(k for k in self.cls.__mro__ if name in k.__dict__)
+        if owner is object:
+            if kind is format and not spec:
+                return self.text(tx, str)
+            return self.text(tx, repr) if kind is str else None
+        if not isinstance(owner.__dict__[name], types.FunctionType):
+            return None
+        method = self.type_method(tx, name)
+        return method.call(tx, [ConstantValue(spec)] if kind is format else [], {})
 
     # the container protocol, for classes that implement it in Python (MutableMapping kin)
     def getitem(self, tx: Translator, key: Value) -> Value:
