@@ -687,38 +687,6 @@ for _name in dir(operator):
             BUILTINS[_op] = _operator_handler(_op)
 
 
-@handles(torch.is_grad_enabled)
-def _is_grad_enabled(tx, args, kwargs):
-    return ConstantValue(torch.is_grad_enabled())  # pinned by the GRAD_MODE guard
-
-
-@handles(torch.is_inference_mode_enabled)
-def _is_inference_mode_enabled(tx, args, kwargs):
-    mode = torch_compat.callers_inference_mode()
-    tx.ctx.guards.add(GuardKind.INFERENCE_MODE, None, mode)
-    return ConstantValue(mode)
-
-
-@handles(torch.is_tensor)
-def _is_tensor(tx, args, kwargs):
-    return ConstantValue(isinstance(args[0], TensorValue))
-
-
-@handles(torch.is_floating_point)
-def _is_floating_point(tx, args, kwargs):
-    return ConstantValue(args[0].example.is_floating_point())
-
-
-@handles(torch.numel)
-def _numel(tx, args, kwargs):
-    return ConstantValue(args[0].example.numel())
-
-
-@handles(torch.get_default_dtype)
-def _default_dtype(tx, args, kwargs):
-    return ConstantValue(torch.get_default_dtype())
-
-
 def _math_fold(fn: Any) -> Handler:
     def handler(tx, args, kwargs):
         if not all_constant(args):
