@@ -259,3 +259,38 @@ def test_objects_own_text_methods(program):
     # in one graph (they ran eagerly, at FORMAT_VALUE); Dynamo fails on both programs
     # (AttributeError in the object's repr; InternalTorchDynamoError on __format__)
     check(program, tensors((4,)), dynamo=False, fullgraph=True)
+
+
+def p_grad_mode_decorating_a_local_function(x):
+    @torch.no_grad()
+    def f(y):
+        return y * 2
+
+    return f(x).requires_grad, f(x), x * 3
+
+
+def p_set_grad_enabled_object_as_decorator(x):
+    g = torch.set_grad_enabled(False)
+    y = x * 2
+    torch.set_grad_enabled(True)
+
+    @g
+    def f(t):
+        return t + 1
+
+    return f(x).requires_grad, y.requires_grad, torch.is_grad_enabled()
+
+
+def _requiring_grad():
+    return (torch.ones(4, requires_grad=True),)
+
+
+@pytest.mark.parametrize(
+    "program",
+    [p_grad_mode_decorating_a_local_function, p_set_grad_enabled_object_as_decorator],
+)
+def test_grad_mode_contexts_as_decorators(program):
+    # a break at the decoration (the context is made again there) where the frame ran
+    # eagerly; Dynamo traces the decorated call without a break
+    counts = check(program, _requiring_grad, dynamo=False)
+    assert counts.breaks == 1

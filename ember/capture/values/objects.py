@@ -616,6 +616,27 @@ class GradModeValue(Value):
         tx.set_grad_enabled(self.saved.pop())
         return ConstantValue(None)
 
+    def reconstruct(self, em: Emitter) -> None:
+        """A context not entered (one a break hands on: `torch.no_grad()(fn)` decorating a
+        local function); an entered one is the `with` block's, which break code restores."""
+        if self.saved:
+            return super().reconstruct(em)
+        em.cg.load_const(grad_mode_context, push_null=True)
+        em.cg.load_const(self.enabled)
+        em.cg.load_const(self.restore_to)
+        em.cg.call(2)
+
+
+def grad_mode_context(enabled: bool, restore_to: bool | None) -> Any:
+    """Run-time half of rebuilding a grad-mode context, without the side effect of
+    set_grad_enabled's constructor (it sets the mode when called; its `prev` is the mode
+    it found then)."""
+    if restore_to is None:
+        return torch.enable_grad() if enabled else torch.no_grad()
+    context = torch.set_grad_enabled.__new__(torch.set_grad_enabled)
+    context.prev, context.mode = restore_to, enabled
+    return context
+
 
 class SuperValue(Value):
     """`super()` / `super(cls, obj)`: attribute lookup starts after `cls` in obj's MRO."""
