@@ -294,3 +294,21 @@ def test_grad_mode_contexts_as_decorators(program):
     # eagerly; Dynamo traces the decorated call without a break
     counts = check(program, _requiring_grad, dynamo=False)
     assert counts.breaks == 1
+
+
+def p_slice_objects(x):
+    s = slice(1, None, 2)
+    items = list(range(6))
+    return x[s], items[s], s.start, s.indices(6), x[slice(None)]
+
+
+def p_range_methods(x):
+    r = range(2, 10, 3)
+    return x + len(r) + r[1] + r[-1] + (5 in r), list(r[::-1]), r.index(5), r.count(8)
+
+
+@pytest.mark.parametrize("program", [p_slice_objects, p_range_methods])
+def test_slice_and_range_methods(program):
+    # slice.indices ran the frame eagerly (a slice made in the trace could not be rebuilt);
+    # range.index broke
+    check(program, tensors((6,)))

@@ -198,6 +198,8 @@ def is_pure(fn: Any) -> bool:
             tuple,
             frozenset,
             complex,
+            range,
+            slice,
             torch.dtype,
             torch.device,
             torch.Size,

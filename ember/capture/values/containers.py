@@ -518,10 +518,17 @@ class SliceValue(Value):
             full = list(self.parts) if len(self.parts) != 1 else [ConstantValue(None), *self.parts]
             full += [ConstantValue(None)] * (3 - len(full))
             return full[("start", "stop", "step").index(name)]
+        if self.is_constant():  # `indices()`
+            return ConstantValue(self.as_constant()).getattr(tx, name)
         return super().getattr(tx, name)
 
     def python_type(self) -> type:
         return slice
+
+    def reconstruct(self, em: Emitter) -> None:
+        for part in self.parts:
+            em.reconstruct(part)
+        em.cg.build("SLICE", len(self.parts))
 
     def is_constant(self) -> bool:
         return all_constant(self.parts)
