@@ -312,3 +312,25 @@ def test_slice_and_range_methods(program):
     # slice.indices ran the frame eagerly (a slice made in the trace could not be rebuilt);
     # range.index broke
     check(program, tensors((6,)))
+
+
+# where ember broke and Dynamo did not
+
+
+class _Point:
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __eq__(self, other):
+        return (self.x, self.y) == (other.x, other.y)
+
+    __hash__ = None
+
+
+def p_not_equal_from_eq_only(x):
+    p = _Point(1, 2)
+    return x + (p == _Point(1, 2)) + (p != _Point(2, 1)), p != _Point(1, 2)
+
+
+def test_not_equal_from_eq_only():
+    check(p_not_equal_from_eq_only, tensors((4,)))
