@@ -5,6 +5,7 @@ Dynamo's counts through fidelity_harness."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import pytest
@@ -334,3 +335,57 @@ def p_not_equal_from_eq_only(x):
 
 def test_not_equal_from_eq_only():
     check(p_not_equal_from_eq_only, tensors((4,)))
+
+
+def p_functools_wraps_in_trace(x):
+    def deco(fn):
+        @functools.wraps(fn)
+        def inner(*a):
+            return fn(*a) * 2
+
+        return inner
+
+    @deco
+    def base(t):
+        "doc"
+        return t + 1
+
+    base.tag = 5
+    return base(x), base.__name__, base.__doc__, base.__wrapped__(x), sorted(base.__dict__)
+
+
+def p_wrapped_function_alive_at_a_break(x):
+    def base(t):
+        return t + 1
+
+    @functools.wraps(base)
+    def inner(t):
+        return base(t) * 2
+
+    print("break")
+    return inner(x), inner.__name__, inner.__qualname__, inner.__wrapped__ is base
+
+
+def p_local_contextmanager(x):
+    log = []
+
+    @contextlib.contextmanager
+    def cm(tag):
+        log.append("in " + tag)
+        try:
+            yield tag * 2
+        finally:
+            log.append("out " + tag)
+
+    with cm("a") as v, cm("b"):
+        y = x + len(v)
+    return y, log
+
+
+@pytest.mark.parametrize(
+    "program",
+    [p_functools_wraps_in_trace, p_wrapped_function_alive_at_a_break, p_local_contextmanager],
+)
+def test_function_attributes_written_in_trace(program):
+    # functools.wraps broke at its first attribute write on a function made in the trace
+    check(program, tensors((4,)))
