@@ -389,3 +389,26 @@ def p_local_contextmanager(x):
 def test_function_attributes_written_in_trace(program):
     # functools.wraps broke at its first attribute write on a function made in the trace
     check(program, tensors((4,)))
+
+
+def test_is_leaf_of_an_input_is_guarded():
+    # a wrong answer: the graph captured for a leaf answered True for `x * 2` too
+    def fn(x):
+        return x.is_leaf, x.grad_fn is None, x * 2
+
+    compiled = ember.compile(fn, backend="eager")
+    leaf = torch.ones(2, requires_grad=True)
+    for x in (leaf, leaf * 2, leaf, torch.ones(2), leaf * 3):
+        expected, actual = fn(x), compiled(x)
+        assert actual[:2] == expected[:2]
+        torch.testing.assert_close(actual[2], expected[2])
+
+
+def p_autograd_history_in_graph(x):
+    y = x * 2
+    z = y.detach() + 1
+    return y.is_leaf, z.grad_fn is None, z.is_leaf, x.is_leaf, x.grad_fn is None, y.requires_grad
+
+
+def test_autograd_history_in_graph():
+    check(p_autograd_history_in_graph, _requiring_grad)

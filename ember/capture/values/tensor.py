@@ -18,6 +18,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ember.capture import autocast
+from ember.capture.guards import GuardKind
 from ember.capture.shapes import SYM_TYPES
 from ember.capture.sources import AttrSource
 from ember.capture.values.base import ConstantValue, MissingAttribute, Value
@@ -39,7 +40,6 @@ _META_ATTRS = frozenset(
         "requires_grad",
         "is_cuda",
         "layout",
-        "is_leaf",
         "is_sparse",
         "is_quantized",
         "is_meta",
@@ -151,6 +151,8 @@ class TensorValue(Value):
 
         if name in _DEVICE_ATTRS:
             return ConstantValue(_DEVICE_ATTRS[name](self.device))
+        if name in ("is_leaf", "grad_fn"):
+            return self._autograd_history(tx, name)
         if name in _META_ATTRS:
             return ConstantValue(getattr(self.example, name))
         if name in _TENSOR_ATTRS:
@@ -165,6 +167,20 @@ class TensorValue(Value):
             # what eager raises: getattr(x, name, default) and hasattr(x, name) rely on it
             raise MissingAttribute(f"tensor has no attribute {name!r}")
         raise Unsupported(BreakReason.UNSUPPORTED_ATTRIBUTE, f"tensor attribute {name!r}")
+
+    def _autograd_history(self, tx: Translator, name: str) -> Value:
+        """`is_leaf`, and `grad_fn` where it is None: from the example, which mirrors an
+        outside tensor's history on the call captured; a later call's tensor may have
+        another (`x * 2` for a leaf), so the answer is guarded. A `grad_fn` object breaks."""
+        real = tx.ctx.builder.real_object(self) if self.source is not None else None
+        leaf = self.example.is_leaf if real is None else real.is_leaf
+        if real is not None:
+            tx.ctx.guards.add(GuardKind.EQUALS_MATCH, AttrSource(self.source, "is_leaf"), leaf)
+        if name == "is_leaf":
+            return ConstantValue(leaf)
+        if leaf or not self.example.requires_grad:  # requires_grad: the tensor's own guard
+            return ConstantValue(None)
+        raise Unsupported(BreakReason.UNSUPPORTED_ATTRIBUTE, f"grad_fn of {self.describe()}")
 
     def _grad(self, tx: Translator) -> Value:
         """`p.grad` of a tensor from outside (an optimizer reading its parameters' gradients):
