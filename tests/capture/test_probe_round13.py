@@ -412,3 +412,25 @@ def p_autograd_history_in_graph(x):
 
 def test_autograd_history_in_graph():
     check(p_autograd_history_in_graph, _requiring_grad)
+
+
+@pytest.mark.parametrize(
+    ("method", "inputs"),
+    [
+        ("storage_offset", lambda: [torch.arange(8.0)[:4], torch.arange(8.0)[2:6]]),
+        ("is_conj", lambda: [torch.ones(2, dtype=torch.complex64), torch.ones(2) * 1j]),
+        ("is_shared", lambda: [torch.ones(2), torch.ones(2).share_memory_()]),
+    ],
+)
+def test_storage_state_of_inputs(method, inputs):
+    # wrong answers: the graph captured for the first tensor answered for the second (an
+    # offset of 0, no conjugate bit, not shared)
+    def fn(x):
+        return getattr(x, method)(), x + 1
+
+    first, second = inputs()
+    if method == "is_conj":
+        second = second.conj()
+    compiled = ember.compile(fn, backend="eager")
+    for x in (first, second, first, second):
+        assert compiled(x)[0] == fn(x)[0]
