@@ -352,6 +352,8 @@ class NestedFunctionValue(Value):
         if name == "__doc__":  # MAKE_FUNCTION's: the code's first constant, if a string
             first = self.code.co_consts[0] if self.code.co_consts else None
             return ConstantValue(first if isinstance(first, str) else None)
+        if name == "__type_params__" and hasattr(types.FunctionType, name):  # 3.12+
+            return ConstantValue(())  # MAKE_FUNCTION's (a generic function sets its own)
         if name == "__dict__":
             return self._namespace()
         if self.namespace is not None and self.namespace.contains(ConstantValue(name)):
@@ -378,7 +380,9 @@ class NestedFunctionValue(Value):
         return self.namespace
 
 
-_NAMING_ATTRIBUTES = frozenset(["__module__", "__name__", "__qualname__", "__doc__"])
+_NAMING_ATTRIBUTES = frozenset(
+    ["__module__", "__name__", "__qualname__", "__doc__", "__type_params__"]
+)
 
 
 class MethodValue(Value):
