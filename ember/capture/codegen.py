@@ -46,7 +46,7 @@ from ember.capture.values.functions import (
     UserFunctionValue,
 )
 from ember.capture.values.iterators import LazyIterator
-from ember.capture.values.modules import has_hooks
+from ember.capture.values.modules import BornModuleValue, has_hooks
 from ember.capture.values.objects import CellValue, ModuleValue, UserObjectValue
 from ember.capture.values.tensor import TensorValue
 from ember.distributed import data_parallel_call
@@ -180,7 +180,14 @@ def _made_again(value: Value) -> bool:
 def _is_fresh_mutable(value: Value) -> bool:
     if value.source is not None:
         return False
-    fresh = (ListValue, DictValue, NestedFunctionValue, PartialValue, IteratorValue)
+    fresh = (
+        ListValue,
+        DictValue,
+        NestedFunctionValue,
+        PartialValue,
+        IteratorValue,
+        BornModuleValue,
+    )
     return isinstance(value, fresh) or (isinstance(value, UserObjectValue) and value.is_new)
 
 

@@ -179,10 +179,8 @@ def _contains(tx: Translator, container: Value, item: Value) -> Value:
         return ConstantValue(container.contains(tx, item))
     if isinstance(container, DictValue):
         return ConstantValue(container._key(item) in container.items)
-    if isinstance(container, TensorValue) or isinstance(item, TensorValue):
-        if isinstance(container, TensorValue):
-            raise Unsupported(BreakReason.DATA_DEPENDENT_BRANCH, "`in` on a tensor")
-        return ConstantValue(any(v is item for v in container.iterate(tx)))
+    if isinstance(container, TensorValue):
+        raise Unsupported(BreakReason.DATA_DEPENDENT_BRANCH, "`in` on a tensor")
     if isinstance(container, IteratorValue):  # pulls up to the first match, as Python does
         while (v := container.next(tx)) is not None:
             if same_value(tx, v, item):
@@ -267,6 +265,11 @@ def _dunder(tx: Translator, fn: Any, args: list[Value]) -> Value:
     names = _DUNDERS.get(plain)
     if plain in (operator.eq, operator.ne) and _compared_by_identity(args):
         return _identity(tx, operator.is_ if plain is operator.eq else operator.is_not, *args)
+    if plain is operator.ne and isinstance(args[0], UserObjectValue) and _default_ne(args[0].cls):
+        # object's `__ne__` inverts the class's own `__eq__` (dataclasses define only that)
+        equal = _dunder(tx, operator.eq, args)
+        if not (equal.is_constant() and equal.as_constant() is NotImplemented):
+            return ConstantValue(not equal.truth(tx))
     if names and isinstance(args[0], UserObjectValue):
         return args[0].getattr(tx, names[0]).call(tx, args[1:], {})
     if names and names[1] and len(args) == 2 and isinstance(args[1], UserObjectValue):
@@ -276,3 +279,8 @@ def _dunder(tx: Translator, fn: Any, args: list[Value]) -> Value:
         return ConstantValue(same if plain is operator.eq else not same)
     kinds = ", ".join(a.describe() for a in args)
     raise Unsupported(BreakReason.UNSUPPORTED_OPERATOR, f"{fn.__name__} on {kinds}")
+
+
+def _default_ne(cls: type) -> bool:
+    """`!=` on instances of `cls` is object's: no class before object defines `__ne__`."""
+    return next(k for k in cls.__mro__ if "__ne__" in k.__dict__) is object

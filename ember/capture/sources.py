@@ -239,6 +239,26 @@ class AttrSource(Source):
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class MethodResultSource(Source):
+    """`base.method()`: a tensor's state that its guard does not check (`storage_offset()`),
+    read by an EQUALS_MATCH guard where the trace relied on it."""
+
+    base: Source
+    method: str
+
+    def name(self) -> str:
+        return f"{self.base.name()}.{self.method}()"
+
+    def expr(self, scope: GuardScope) -> str:
+        return scope.bind(self, f"{self.base.expr(scope)}.{self.method}()")
+
+    def emit(self, cg: CodeBuilder) -> None:
+        self.base.emit(cg)
+        cg.load_method(self.method)
+        cg.call(0)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class GenericAttrSource(Source):
     """`object.__getattribute__(base, attr)`: an attribute the trace read past a class's own
     Python `__getattribute__` (transformers' configs), as the trace read it. The guard reads

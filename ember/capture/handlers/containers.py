@@ -6,6 +6,7 @@ from ember.bytecode import Op
 from ember.capture.handlers import handler
 from ember.capture.values.base import ConstantValue, Value
 from ember.capture.values.containers import DictValue, ListValue, SliceValue, TupleValue
+from ember.capture.values.objects import UserObjectValue
 from ember.capture.values.sets import SetValue
 from ember.errors import BreakReason, Unsupported
 
@@ -179,38 +180,47 @@ def _known(value: Value, doing: str) -> object:
     return value.as_constant()
 
 
-def _convert(value: Value, converter) -> Value:
+def _convert(tx, value: Value, converter) -> Value:
     """`!s`, `!r`, `!a` of an f-string (converter None: none)."""
     if converter is None:
         return value
-    return ConstantValue(converter(_known(value, "converting")))
+    return _text(tx, value, converter) or ConstantValue(converter(_known(value, "converting")))
 
 
-def _format(value: Value, spec: str) -> Value:
-    return ConstantValue(format(_known(value, "formatting"), spec))
+def _format(tx, value: Value, spec: str) -> Value:
+    return _text(tx, value, format, spec) or ConstantValue(
+        format(_known(value, "formatting"), spec)
+    )
+
+
+def _text(tx, value: Value, kind, spec: str = "") -> Value | None:
+    """An object's own `__str__`/`__repr__`/`__format__`, written in Python, inlined."""
+    if isinstance(value, UserObjectValue) and kind in (str, repr, format):
+        return value.text(tx, kind, spec)
+    return None
 
 
 @handler(Op.FORMAT_VALUE)
 def format_value(tx, inst):
     converter, has_spec = inst.argval
     spec = tx.pop().as_constant() if has_spec else ""
-    tx.push(_format(_convert(tx.pop(), converter), spec))
+    tx.push(_format(tx, _convert(tx, tx.pop(), converter), spec))
 
 
 @handler(Op.CONVERT_VALUE)
 def convert_value(tx, inst):
-    tx.push(_convert(tx.pop(), inst.argval))
+    tx.push(_convert(tx, tx.pop(), inst.argval))
 
 
 @handler(Op.FORMAT_SIMPLE)
 def format_simple(tx, inst):
-    tx.push(_format(tx.pop(), ""))
+    tx.push(_format(tx, tx.pop(), ""))
 
 
 @handler(Op.FORMAT_WITH_SPEC)
 def format_with_spec(tx, inst):
     spec = tx.pop().as_constant()
-    tx.push(_format(tx.pop(), spec))
+    tx.push(_format(tx, tx.pop(), spec))
 
 
 @handler(Op.GET_LEN)

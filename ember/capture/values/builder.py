@@ -374,9 +374,10 @@ class ValueBuilder:
                 for k, v in value.keywords.items()
             }
             return PartialValue(fn, args, kwargs, source, value)
-        if isinstance(value, functools._lru_cache_wrapper):
+        if isinstance(value, functools._lru_cache_wrapper) and hasattr(value, "__wrapped__"):
             # lru_cache / cache: the wrapped function is inlined (as Dynamo does); the cache
-            # itself is skipped, which only a function with side effects could tell
+            # itself is skipped, which only a function with side effects could tell (one
+            # without `__wrapped__` is lru_cache's own, before update_wrapper: an object)
             guards.add(GuardKind.ID_MATCH, source, value)
             function = self.wrap(value.__wrapped__, AttrSource(source, "__wrapped__"))
             if isinstance(function, UserFunctionValue):

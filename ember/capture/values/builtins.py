@@ -198,6 +198,8 @@ def is_pure(fn: Any) -> bool:
             tuple,
             frozenset,
             complex,
+            range,
+            slice,
             torch.dtype,
             torch.device,
             torch.Size,
@@ -375,7 +377,7 @@ def _next(tx, args, kwargs):
     if value is None:
         if len(args) > 1:
             return args[1]
-        raise_in_trace(tx, StopIteration, [], "StopIteration from next()")
+        raise_in_trace(tx, StopIteration, it.stop_arguments(), "StopIteration from next()")
     return value
 
 
@@ -436,8 +438,15 @@ BUILTINS[round] = _fold_or_tensor(round, torch.round)
 
 def _to_python(fn: Any) -> Handler:
     def handler(tx, args, kwargs):
+        from ember.capture.values.objects import UserObjectValue
+
         if args and isinstance(args[0], TensorValue):
             args[0].call_method(tx, "item", [], {})  # raises TENSOR_TO_PYTHON
+        if fn in (str, repr, format) and args and isinstance(args[0], UserObjectValue):
+            spec = args[1].as_constant() if len(args) > 1 else ""
+            text = args[0].text(tx, fn, spec)
+            if text is not None:
+                return text
         return ConstantValue(fn(*(a.as_constant() for a in args)))
 
     return handler
@@ -678,38 +687,6 @@ for _name in dir(operator):
     if callable(_op) and not _name.startswith("_") and not isinstance(_op, type):
         if _name not in ("attrgetter", "itemgetter", "methodcaller", "call", "length_hint"):
             BUILTINS[_op] = _operator_handler(_op)
-
-
-@handles(torch.is_grad_enabled)
-def _is_grad_enabled(tx, args, kwargs):
-    return ConstantValue(torch.is_grad_enabled())  # pinned by the GRAD_MODE guard
-
-
-@handles(torch.is_inference_mode_enabled)
-def _is_inference_mode_enabled(tx, args, kwargs):
-    mode = torch_compat.callers_inference_mode()
-    tx.ctx.guards.add(GuardKind.INFERENCE_MODE, None, mode)
-    return ConstantValue(mode)
-
-
-@handles(torch.is_tensor)
-def _is_tensor(tx, args, kwargs):
-    return ConstantValue(isinstance(args[0], TensorValue))
-
-
-@handles(torch.is_floating_point)
-def _is_floating_point(tx, args, kwargs):
-    return ConstantValue(args[0].example.is_floating_point())
-
-
-@handles(torch.numel)
-def _numel(tx, args, kwargs):
-    return ConstantValue(args[0].example.numel())
-
-
-@handles(torch.get_default_dtype)
-def _default_dtype(tx, args, kwargs):
-    return ConstantValue(torch.get_default_dtype())
 
 
 def _math_fold(fn: Any) -> Handler:

@@ -53,13 +53,22 @@ def disable(fn: Callable[..., Any] | None = None, recursive: bool = True) -> Any
 
 
 PYTHON_ONLY_MODULES = frozenset(
-    ["logging", "torch.autograd", "torch.autograd.profiler", "torch.overrides"]
+    [
+        "logging",
+        "torch.autograd",
+        "torch.autograd.profiler",
+        "torch.overrides",
+        "torch.random",
+        "torch.cuda.random",
+    ]
 )
 """Modules whose functions are never captured (torch.compile skips them too): calls break,
 and the functions run in plain Python at the break (logging's handlers do I/O, and its
 loggers cache levels through exceptions; `torch.autograd.grad`/`backward` run the autograd
 engine; torch.overrides pops and pushes the thread's torch function modes, and so does the
-profiler's `record_function`, which every optimizer step enters)."""
+profiler's `record_function`, which every optimizer step enters; `torch.manual_seed` and
+the other seed and generator-state functions set the process's generators, and queue CUDA
+seeding with a formatted stack: traced, they broke dozens of times inside traceback)."""
 
 
 CLASS_BUILDERS = frozenset(

@@ -179,12 +179,13 @@ class TupleValue(SequenceValue):
 
 
 def _return_type_fields(struct: type | None) -> tuple[str, ...] | None:
-    """torch.return_types (max, sort, ...) are structseqs: their field names by position."""
-    if struct is None or not hasattr(struct, "n_sequence_fields"):
+    """The field names by position of a structseq (torch.return_types' max, sort, ...;
+    os.stat_result): its `__match_args__`, where every position has a name (stat_result's
+    unnamed integer times have none: its fields are not modelled)."""
+    names = getattr(struct, "__match_args__", None)
+    if names is None or len(names) != getattr(struct, "n_sequence_fields", -1):
         return None
-    probe = struct(tuple(range(struct.n_sequence_fields)))
-    names = [n for n in dir(probe) if not n.startswith(("_", "n_")) and n not in ("count", "index")]
-    return tuple(sorted(names, key=lambda n: getattr(probe, n)))
+    return names
 
 
 class ListValue(SequenceValue):
@@ -215,13 +216,10 @@ class ListValue(SequenceValue):
             self._mutate(tx)
             return items.pop(*(a.as_constant() for a in args))
         elif name == "remove":
-            target = args[0]
-            for i, item in enumerate(items):
-                if item is target or (
-                    item.is_constant()
-                    and target.is_constant()
-                    and item.as_constant() == target.as_constant()
-                ):
+            from ember.capture.operators import same_value
+
+            for i, item in enumerate(items):  # `==` on each up to the match, as list does
+                if same_value(tx, item, args[0]):
                     self._mutate(tx)
                     del items[i]
                     break
@@ -520,10 +518,17 @@ class SliceValue(Value):
             full = list(self.parts) if len(self.parts) != 1 else [ConstantValue(None), *self.parts]
             full += [ConstantValue(None)] * (3 - len(full))
             return full[("start", "stop", "step").index(name)]
+        if self.is_constant():  # `indices()`
+            return ConstantValue(self.as_constant()).getattr(tx, name)
         return super().getattr(tx, name)
 
     def python_type(self) -> type:
         return slice
+
+    def reconstruct(self, em: Emitter) -> None:
+        for part in self.parts:
+            em.reconstruct(part)
+        em.cg.build("SLICE", len(self.parts))
 
     def is_constant(self) -> bool:
         return all_constant(self.parts)
@@ -549,6 +554,15 @@ class IteratorValue(Value):
 
     def describe(self) -> str:
         return "iterator"
+
+    def stop_arguments(self) -> list[Value]:
+        """The arguments of the StopIteration that reports this iterator's end: a
+        generator's return value (`e.value`) the first time, nothing after that nor for
+        other iterators, as CPython raises it."""
+        returned, self.returned = self.returned, None
+        if returned is None or (returned.is_constant() and returned.as_constant() is None):
+            return []
+        return [returned]
 
     def truth(self, tx: Translator) -> bool:
         return True  # no __len__ or __bool__: always true

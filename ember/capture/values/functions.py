@@ -250,6 +250,10 @@ class NestedFunctionValue(Value):
         self.qualname = qualname
         self.annotations: Value | None = None
         """MAKE_FUNCTION's annotations (a tuple of names and values, 3.11-3.13)."""
+        self.written: dict[str, Value] = {}
+        """The naming attributes the trace set (functools.wraps: `__name__`, `__doc__`, ...)."""
+        self.namespace: Value | None = None
+        """Its `__dict__` (a DictValue, made when first read or written: `__wrapped__`)."""
 
     def describe(self) -> str:
         return f"function {self.qualname}"
@@ -287,6 +291,11 @@ class NestedFunctionValue(Value):
             "__kwdefaults__": DictValue(dict(self.kwdefaults)) if self.kwdefaults else None,
             "__annotations__": self.annotations_dict(),
         }
+        parts.update(self.written)
+        if self.namespace is not None:
+            if not all(isinstance(k, str) for k in self.namespace.items):
+                raise Unsupported(BreakReason.UNSUPPORTED_OBJECT, f"{self.describe()}'s __dict__")
+            parts.update(self.namespace.items)
         for attr, value in parts.items():
             if value is not None:  # stack: function, value, function
                 em.reconstruct(value)
@@ -332,13 +341,48 @@ class NestedFunctionValue(Value):
             if self.annotations_dict() is None:
                 self.annotations = DictValue({})
             return self.annotations
+        if name in self.written:
+            return self.written[name]
         if name in ("__name__", "__qualname__"):
             return ConstantValue(self.code.co_name if name == "__name__" else self.qualname)
         if name == "__code__":
             return ConstantValue(self.code)
         if name == "__module__":
             return ConstantValue(self.f_globals.get("__name__"))
+        if name == "__doc__":  # MAKE_FUNCTION's: the code's first constant, if a string
+            first = self.code.co_consts[0] if self.code.co_consts else None
+            return ConstantValue(first if isinstance(first, str) else None)
+        if name == "__type_params__" and hasattr(types.FunctionType, name):  # 3.12+
+            return ConstantValue(())  # MAKE_FUNCTION's (a generic function sets its own)
+        if name == "__dict__":
+            return self._namespace()
+        if self.namespace is not None and self.namespace.contains(ConstantValue(name)):
+            return self.namespace.items[name]
         return super().getattr(tx, name)
+
+    def setattr(self, tx: Translator, name: str, value: Value) -> None:
+        """What functools.wraps writes; the function's code, defaults and closure stay."""
+        if name in ("__defaults__", "__kwdefaults__", "__code__", "__closure__", "__dict__"):
+            return super().setattr(tx, name, value)
+        tx.ctx.effects.touch(self)
+        if name == "__annotations__":
+            self.annotations = value
+        elif name in _NAMING_ATTRIBUTES:
+            self.written[name] = value
+        else:
+            self._namespace().items[name] = value
+
+    def _namespace(self) -> Value:
+        from ember.capture.values.containers import DictValue
+
+        if self.namespace is None:
+            self.namespace = DictValue({})
+        return self.namespace
+
+
+_NAMING_ATTRIBUTES = frozenset(
+    ["__module__", "__name__", "__qualname__", "__doc__", "__type_params__"]
+)
 
 
 class MethodValue(Value):

@@ -377,8 +377,9 @@ class GeneratorIterator(LazyIterator):
             self.frame.stack[-1] = value
         item = self.next(tx)
         if item is None:
-            returned = [self.returned or ConstantValue(None)]
-            raise_in_trace(tx, StopIteration, returned, "StopIteration from generator.send()")
+            raise_in_trace(
+                tx, StopIteration, self.stop_arguments(), "StopIteration from generator.send()"
+            )
         return item
 
     def pull(self, tx: Translator) -> Value | None:

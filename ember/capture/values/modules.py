@@ -294,8 +294,12 @@ def construct_module(tx: Translator, cls: type, args: list[Value], kwargs: dict)
             return {k: real(v) for k, v in a.items.items()}
         return a.as_constant()
 
+    # the constructor runs now, while capturing, and may draw random numbers (initial
+    # weights): the generators are put back, or the user's next draw would differ from eager
+    cuda = range(torch.cuda.device_count()) if torch.cuda.is_initialized() else []
     try:
-        module = cls(*map(real, args), **{k: real(v) for k, v in kwargs.items()})
+        with torch.random.fork_rng(devices=cuda):
+            module = cls(*map(real, args), **{k: real(v) for k, v in kwargs.items()})
     except Exception as exc:
         raise Unsupported(
             BreakReason.EXCEPTION_RAISED, f"{cls.__name__}(...) raised {type(exc).__name__}"

@@ -299,6 +299,9 @@ class ModuleValue(Value):
 _SLICEABLE = (torch.nn.Sequential, torch.nn.ModuleList)
 
 
+_TEXT_METHODS = {str: "__str__", repr: "__repr__", format: "__format__"}
+
+
 class UserObjectValue(Value):
     """An instance of a Python class: existing (with a source) or created during capture."""
 
@@ -449,6 +452,22 @@ class UserObjectValue(Value):
             return None
         return _class_attribute(tx, self, self.cls, name, self.source)
 
+    def text(self, tx: Translator, kind: Any, spec: str = "") -> Value | None:
+        """`str(obj)`, `repr(obj)` or `format(obj, spec)` (f-strings) where the class writes
+        the method in Python: the method inlined, object's defaults chained as CPython's
+        (`__format__` without a spec is `str()`, `__str__` is `repr()`). None where it
+        cannot be (object's own repr holds an address; a method written in C)."""
+        name = _TEXT_METHODS[kind]
+        owner = next(k for k in self.cls.__mro__ if name in k.__dict__)
+        if owner is object:
+            if kind is format and not spec:
+                return self.text(tx, str)
+            return self.text(tx, repr) if kind is str else None
+        if not isinstance(owner.__dict__[name], types.FunctionType):
+            return None
+        method = self.type_method(tx, name)
+        return method.call(tx, [ConstantValue(spec)] if kind is format else [], {})
+
     # the container protocol, for classes that implement it in Python (MutableMapping kin)
     def getitem(self, tx: Translator, key: Value) -> Value:
         method = self.type_method(tx, "__getitem__")
@@ -596,6 +615,27 @@ class GradModeValue(Value):
     def exit(self, tx: Translator) -> Value:
         tx.set_grad_enabled(self.saved.pop())
         return ConstantValue(None)
+
+    def reconstruct(self, em: Emitter) -> None:
+        """A context not entered (one a break hands on: `torch.no_grad()(fn)` decorating a
+        local function); an entered one is the `with` block's, which break code restores."""
+        if self.saved:
+            return super().reconstruct(em)
+        em.cg.load_const(grad_mode_context, push_null=True)
+        em.cg.load_const(self.enabled)
+        em.cg.load_const(self.restore_to)
+        em.cg.call(2)
+
+
+def grad_mode_context(enabled: bool, restore_to: bool | None) -> Any:
+    """Run-time half of rebuilding a grad-mode context, without the side effect of
+    set_grad_enabled's constructor (it sets the mode when called; its `prev` is the mode
+    it found then)."""
+    if restore_to is None:
+        return torch.enable_grad() if enabled else torch.no_grad()
+    context = torch.set_grad_enabled.__new__(torch.set_grad_enabled)
+    context.prev, context.mode = restore_to, enabled
+    return context
 
 
 class SuperValue(Value):

@@ -18,8 +18,9 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ember.capture import autocast
+from ember.capture.guards import GuardKind
 from ember.capture.shapes import SYM_TYPES
-from ember.capture.sources import AttrSource
+from ember.capture.sources import AttrSource, MethodResultSource
 from ember.capture.values.base import ConstantValue, MissingAttribute, Value
 from ember.capture.values.meta import is_data_dependent_error, result_device, run_on_meta
 from ember.capture.values.objects import pin_class_attribute
@@ -39,7 +40,6 @@ _META_ATTRS = frozenset(
         "requires_grad",
         "is_cuda",
         "layout",
-        "is_leaf",
         "is_sparse",
         "is_quantized",
         "is_meta",
@@ -54,6 +54,8 @@ _META_ATTRS = frozenset(
 )
 # Attributes that are tensors: recorded as getattr nodes.
 _TENSOR_ATTRS = frozenset(["T", "mT", "H", "mH", "real", "imag", "data"])
+# Methods whose result depends on a storage the example does not have.
+_STORAGE_STATE = frozenset(["storage_offset", "is_conj", "is_neg", "is_shared", "is_pinned"])
 # Methods whose result is fixed by metadata.
 _META_METHODS = frozenset(
     [
@@ -69,7 +71,6 @@ _META_METHODS = frozenset(
         "is_complex",
         "get_device",
         "is_signed",
-        "storage_offset",
         "has_names",
     ]
 )
@@ -133,6 +134,13 @@ class TensorValue(Value):
         raise NotConstant(self.describe(), BreakReason.TENSOR_TO_PYTHON)
 
     def truth(self, tx: Translator) -> bool:
+        count = self.example.numel()
+        if isinstance(count, int) and count != 1:  # what eager raises, known from the size
+            from ember.capture.values.exceptions import raise_in_trace
+
+            what = "no values" if count == 0 else "more than one value"
+            message = f"Boolean value of Tensor with {what} is ambiguous"
+            raise_in_trace(tx, RuntimeError, [ConstantValue(message)], f"RuntimeError: {message}")
         raise Unsupported(
             BreakReason.DATA_DEPENDENT_BRANCH,
             f"branching on the value of {self.describe()}",
@@ -144,18 +152,51 @@ class TensorValue(Value):
 
         if name in _DEVICE_ATTRS:
             return ConstantValue(_DEVICE_ATTRS[name](self.device))
+        if name in ("is_leaf", "grad_fn"):
+            return self._autograd_history(tx, name)
         if name in _META_ATTRS:
             return ConstantValue(getattr(self.example, name))
         if name in _TENSOR_ATTRS:
             return tensor_op(tx, "call_function", getattr, [self, ConstantValue(name)], {})
         if name == "grad":
             return self._grad(tx)
+        if name == "__class__":  # pinned by the tensor's guard (its type), or made here
+            return tx.ctx.builder.wrap_const(self.python_cls)
         if callable(getattr(torch.Tensor, name, None)):
             return MethodValue(self, name)
         if not hasattr(torch.Tensor, name):
             # what eager raises: getattr(x, name, default) and hasattr(x, name) rely on it
             raise MissingAttribute(f"tensor has no attribute {name!r}")
         raise Unsupported(BreakReason.UNSUPPORTED_ATTRIBUTE, f"tensor attribute {name!r}")
+
+    def _storage_state(self, tx: Translator, name: str) -> Value:
+        """What the example does not mirror of an outside tensor (its offset into its
+        storage, its conjugate and negative bits, shared or pinned memory): read from the
+        tensor and guarded. Of a tensor made in the trace, the conjugate and negative bits
+        are the example's (inputs' examples lack them: a known gap); its offset may be that
+        of a view of an input, which the example cannot know: a break."""
+        real = tx.ctx.builder.real_object(self) if self.source is not None else None
+        if real is None and name in ("is_conj", "is_neg"):
+            return ConstantValue(getattr(self.example, name)())
+        if real is None:
+            raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"Tensor.{name}() of {self.describe()}")
+        value = getattr(real, name)()
+        tx.ctx.guards.add(GuardKind.EQUALS_MATCH, MethodResultSource(self.source, name), value)
+        return ConstantValue(value)
+
+    def _autograd_history(self, tx: Translator, name: str) -> Value:
+        """`is_leaf`, and `grad_fn` where it is None: from the example, which mirrors an
+        outside tensor's history on the call captured; a later call's tensor may have
+        another (`x * 2` for a leaf), so the answer is guarded. A `grad_fn` object breaks."""
+        real = tx.ctx.builder.real_object(self) if self.source is not None else None
+        leaf = self.example.is_leaf if real is None else real.is_leaf
+        if real is not None:
+            tx.ctx.guards.add(GuardKind.EQUALS_MATCH, AttrSource(self.source, "is_leaf"), leaf)
+        if name == "is_leaf":
+            return ConstantValue(leaf)
+        if leaf or not self.example.requires_grad:  # requires_grad: the tensor's own guard
+            return ConstantValue(None)
+        raise Unsupported(BreakReason.UNSUPPORTED_ATTRIBUTE, f"grad_fn of {self.describe()}")
 
     def _grad(self, tx: Translator) -> Value:
         """`p.grad` of a tensor from outside (an optimizer reading its parameters' gradients):
@@ -174,6 +215,8 @@ class TensorValue(Value):
         member = getattr(torch.Tensor, name, None)
         if member is not None:  # `torch.Tensor.relu = ...` after the capture changes the call
             pin_class_attribute(tx, torch.Tensor, name, member)
+        if name in _STORAGE_STATE:
+            return self._storage_state(tx, name)
         if name in _META_METHODS:
             from ember.capture.values.base import constants
 
