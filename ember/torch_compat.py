@@ -97,6 +97,11 @@ other's own storage offset*, made in C++ without the dispatcher or a view's auto
 half the cost of `torch.as_strided` (whose offset is absolute)."""
 _storage_use_count: Callable[[int], int] = _resolve("_C._storage_Use_Count")
 disabled_torch_function: Callable[..., Any] = _resolve("_C._disabled_torch_function_impl")
+torch_function_mode_enabled: Callable[[], bool] = _resolve("_C._is_torch_function_mode_enabled")
+has_torch_function: Callable[..., bool] = _resolve("_C._has_torch_function")
+has_torch_function_unary: Callable[..., bool] = _resolve("_C._has_torch_function_unary")
+has_torch_function_variadic: Callable[..., bool] = _resolve("_C._has_torch_function_variadic")
+"""The checks torch's Python functions make before handing a call to __torch_function__."""
 """A tensor subclass's `__torch_function__` that skips the subclass at the Python level, so
 only its `__torch_dispatch__` sees ops (capture/autocast.py's probe)."""
 

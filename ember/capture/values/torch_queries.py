@@ -65,22 +65,22 @@ def _overrides(kind: type) -> bool:
     if kind in (torch.Tensor, torch.nn.Parameter):
         return False
     impl = getattr(kind, "__torch_function__", None)
-    return impl is not None and impl is not torch._C._disabled_torch_function_impl
+    return impl is not None and impl is not torch_compat.disabled_torch_function
 
 
 def _answer(values: list[Value]) -> ConstantValue:
-    if torch._C._is_torch_function_mode_enabled():
+    if torch_compat.torch_function_mode_enabled():
         raise Unsupported(
             BreakReason.UNSUPPORTED_CALL, "has_torch_function under a torch function mode"
         )
     return ConstantValue(any(_overrides(v.python_type()) for v in values))
 
 
-@handles(torch._C._has_torch_function)
+@handles(torch_compat.has_torch_function)
 def _has_torch_function(tx: Translator, args: list[Value], kwargs: dict) -> Value:
     return _answer(args[0].iterate(tx))
 
 
-@handles(torch._C._has_torch_function_unary, torch._C._has_torch_function_variadic)
+@handles(torch_compat.has_torch_function_unary, torch_compat.has_torch_function_variadic)
 def _has_torch_function_of_arguments(tx: Translator, args: list[Value], kwargs: dict) -> Value:
     return _answer(args)
