@@ -71,6 +71,9 @@ check_version()
 
 set_grad_enabled: Callable[[bool], None] = _resolve("_C._set_grad_enabled")
 """The switch `torch.no_grad()` and friends call; graphs record it as a node."""
+set_version_counters: Callable[..., None] = _resolve("_C._autograd._unsafe_set_version_counter")
+"""Sets tensors' version counters: a mutated input copied back once ends at the version eager's
+own in-place ops would have left it at (one per op, none through `.data`)."""
 never_compiled_wrapper_file: str = _resolve("_compile").__file__
 """Where `torch._disable_dynamo` defines the wrapper of functions torch never compiles
 (`Optimizer.zero_grad`): the wrapper copies the function's name and module."""

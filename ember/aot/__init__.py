@@ -41,7 +41,7 @@ from ember.aot.program import (
 )
 from ember.aot.runtime import InferenceRuntime
 from ember.aot.symbolic import hint, placeholder_value, symbolic_inputs
-from ember.aot.trace import TraceError
+from ember.aot.trace import RunEagerly, TraceError
 
 CompileAten = Callable[[fx.GraphModule, list[torch.Tensor]], Callable[..., Sequence[Any]]]
 
@@ -88,9 +88,14 @@ class AotFunction:
     def _build_or_run(self, args: Sequence[Any], training: bool) -> Callable[[Sequence[Any]], Any]:
         """A graph with symbolic sizes that ember cannot trace (a symbolic float, say) runs
         as the captured torch-level graph, logged, rather than failing the user's program
-        at its second size (EMBER_STRICT=1 raises, as for any backend failure)."""
+        at its second size (EMBER_STRICT=1 raises, as for any backend failure). A graph
+        whose autograd behaviour only eager reproduces (trace.RunEagerly) runs uncompiled
+        whatever the setting: that is what the program does, not a failure to compile it."""
         try:
             return self._build(args, training)
+        except RunEagerly as e:
+            logs.log("aot", "graph runs uncompiled, as eager: %s", e)
+            return _run_torch_level(self.gm)
         except TraceError as e:
             if self.symbolic is None or config.current().strict:
                 raise

@@ -31,7 +31,7 @@ from ember.aot.program import (
 )
 from ember.aot.runtime import InferenceRuntime, TrainingRuntime
 from ember.aot.symbolic import example_input
-from ember.aot.trace import TraceError, check_functional
+from ember.aot.trace import RunEagerly, check_functional
 from ember.errors import BreakReason
 from ember.torch_compat import without_dynamo
 
@@ -67,8 +67,10 @@ def _trace_joint(
 ) -> JointGraph | None:
     check_symbolic_floats(gm, symbolic)
     tracer, program, fakes, call_args = begin(gm, args, symbolic)
+    grad_fns = [f.grad_fn if isinstance(f, torch.Tensor) else None for f in fakes]
     with torch.enable_grad():
         graph_outs = run_forward(tracer, program, gm, fakes, call_args)
+    _check_rebased(program, fakes, grad_fns)
     diff_outputs = [k for k, o in enumerate(graph_outs) if _differentiable(o)]
     grad_inputs = [i for i, f in enumerate(fakes) if _differentiable(f)]
     if not diff_outputs or not grad_inputs:
@@ -76,13 +78,6 @@ def _trace_joint(
         # (an optimizer's step; under grad the trace raised as eager does for a leaf), and
         # the inference runtime copies it back under no_grad, as eager left it
         return None
-    for i in program.mutated:
-        if fakes[i].requires_grad:
-            raise TraceError(
-                BreakReason.SIDE_EFFECT,
-                f"input {i} requires grad and is mutated in place by the compiled graph",
-                hint="mutate a clone, or run the mutation under torch.no_grad()",
-            )
     # read the forward's values now: the backward must not change what the forward returns
     fwd_nodes = [tracer.value(o) for o in graph_outs] + [
         tracer.value(fakes[i]) for i in program.mutated
@@ -94,12 +89,20 @@ def _trace_joint(
         tracer.placeholder(f"tangents_{len(tangents) + 1}", t)
         tangents.append(t)
     with tracer.recording():
-        grads = torch.autograd.grad(
-            [graph_outs[k] for k in diff_outputs],
-            [fakes[i] for i in grad_inputs],
-            tangents,
-            allow_unused=True,
-        )
+        try:
+            grads = torch.autograd.grad(
+                [graph_outs[k] for k in diff_outputs],
+                [fakes[i] for i in grad_inputs],
+                tangents,
+                allow_unused=True,
+            )
+        except RuntimeError as e:
+            if "modified by an inplace operation" not in str(e):
+                raise
+            # eager raises this in the user's backward, after a forward that succeeds
+            raise RunEagerly(
+                BreakReason.SIDE_EFFECT, f"a value the backward needs is mutated: {e}"
+            ) from e
     grad_nodes = [tracer.value(g) if g is not None else None for g in grads]
     joint = tracer.finish_nodes(fwd_nodes + grad_nodes)
     check_functional(joint.graph)
@@ -112,6 +115,22 @@ def _trace_joint(
         diff_outputs=diff_outputs,
         grad_inputs=grad_inputs,
     )
+
+
+def _check_rebased(program: Program, fakes: list, grad_fns: list) -> None:
+    """An input that requires grad mutated in place under no_grad keeps its autograd
+    history: the gradient of its later uses, taken with respect to the input's stand-in, is
+    the input's gradient, as in eager. Mutated under grad (a non-leaf; a leaf raised as in
+    eager), its history is rebased onto the in-place op, and the gradient with respect to
+    the stand-in would be that of the *new* value: the graph runs eagerly instead."""
+    for i in program.mutated:
+        f = fakes[i]
+        if f.requires_grad and f.grad_fn is not grad_fns[i]:
+            raise RunEagerly(
+                BreakReason.SIDE_EFFECT,
+                f"input {i} requires grad and is mutated in place with grad enabled",
+                hint="mutate it under torch.no_grad(), or mutate a clone",
+            )
 
 
 def build_training(
@@ -132,7 +151,9 @@ def build_training(
         )
     if logs.enabled("aot"):
         logs.log("aot", "joint graph:\n%s", joint.gm.print_readable(print_output=False))
-    parts = partition(joint.gm, joint.num_primals, joint.num_fwd_outputs)
+    parts = partition(
+        joint.gm, joint.num_primals, joint.num_fwd_outputs, mutated=joint.program.mutated
+    )
     flat = joint.program.flat_inputs(args)
     check_input_aliasing(flat, joint.program.mutated)
     fwd = compile_aten(parts.forward, backend_examples(parts.forward, flat))

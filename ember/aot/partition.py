@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,10 +157,19 @@ def _ancestors(roots: Iterable[fx.Node]) -> set[fx.Node]:
 class _Analysis:
     """Which nodes the forward outputs need, which the gradients need, which see tangents."""
 
-    def __init__(self, joint: fx.GraphModule, num_primals: int, num_fwd_outputs: int) -> None:
+    def __init__(
+        self,
+        joint: fx.GraphModule,
+        num_primals: int,
+        num_fwd_outputs: int,
+        mutated: Sequence[int] = (),
+    ) -> None:
         self.graph = joint.graph
         self.placeholders = list(self.graph.find_nodes(op="placeholder"))
         self.primals = self.placeholders[:num_primals]
+        # the runtime copies a mutated input's new value into it before the backward runs:
+        # saved, it (or a view of it) would hold the new value, not the one the backward read
+        self.overwritten = {self.primals[i] for i in mutated}
         self.tangents = self.placeholders[num_primals:]
         out = next(iter(self.graph.find_nodes(op="output")))
         outs = list(out.args[0])
@@ -216,7 +225,7 @@ class _Analysis:
             cost = _nbytes(n)
             if n.op == "call_function" and isinstance(n.meta.get("val"), torch.Tensor):
                 cost = _nbytes(_storage_root(n))
-            if self.must_recompute(n):
+            if self.must_recompute(n) or _storage_root(n) in self.overwritten:
                 cost = math.inf
             g.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=cost)
             must_run_forward = n.op == "placeholder" or _is_random(n) or self.leaves_region(n)
@@ -402,10 +411,12 @@ def partition(
     *,
     recompute: bool = True,
     split_stages: bool = True,
+    mutated: Sequence[int] = (),
 ) -> Partition:
     """Split the joint graph; `recompute=False` gives the naive 'save what is read' (and
-    one backward node); `split_stages=False` keeps the backward one autograd node."""
-    a = _Analysis(joint, num_primals, num_fwd_outputs)
+    one backward node); `split_stages=False` keeps the backward one autograd node.
+    `mutated`: primal positions whose inputs the runtime overwrites (never saved)."""
+    a = _Analysis(joint, num_primals, num_fwd_outputs, mutated)
     naive = a.naive_saved()
     if recompute:
         forward, backward, saved = _save_free_recomputations(joint, a, a.min_cut_saved())

@@ -23,6 +23,7 @@ import torch
 import torch.fx as fx
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
+from ember import torch_compat
 from ember.aot.functionalize import ViewStep
 from ember.aot.higher_order import run_graph
 from ember.aot.symbolic import SizeBinder, is_symbolic, meta_like, symbolic_tensor
@@ -112,6 +113,9 @@ class Program:
     mutated: list[int]  # flat input indices whose final value trails the graph outputs
     num_graph_outputs: int  # user-visible graph outputs (before mutations)
     extra: dict[str, Any] = field(default_factory=dict)
+    bumps: list[int] = field(default_factory=list)
+    """Per mutated input, how far eager's in-place ops move its version counter (one per
+    op; none through `.data`, whose counter is its own)."""
 
     @property
     def device(self) -> torch.device:
@@ -283,6 +287,7 @@ def run_forward(
 ) -> list[torch.Tensor]:
     """Trace gm's forward; fill the output specs; returns the graph's user outputs (fakes)."""
     n_user = len(fakes) - len(program.state)
+    versions = [f._version if isinstance(f, torch.Tensor) else 0 for f in fakes]
     with swapped_state(program.state, fakes[n_user:]), tracer.recording():
         result = run_graph(gm, call_args, tracer)
     leaves, program.out_tree = tree_flatten(result)
@@ -300,6 +305,7 @@ def run_forward(
             hint="register the tensor as a buffer or pass it as an input",
         )
     program.mutated = [i for i, f in enumerate(fakes) if id(f) in mutated_roots]
+    program.bumps = [fakes[i]._version - versions[i] for i in program.mutated]
     return graph_outs
 
 
@@ -366,6 +372,12 @@ def apply_mutations(program: Program, flat: Sequence[torch.Tensor], outs: Sequen
     if not program.mutated:
         return
     base = len(outs) - len(program.mutated)
+    targets = [flat[i] for i in program.mutated]
+    versions = [t._version + b for t, b in zip(targets, program.bumps, strict=True)]
     with torch.no_grad():
-        for j, i in enumerate(program.mutated):
-            flat[i].copy_(outs[base + j])
+        for j, t in enumerate(targets):
+            t.copy_(outs[base + j])
+    if any(b != 1 for b in program.bumps):
+        # an input that outer autograd saved must fail its version check as in eager: no
+        # sooner (a `.data` write), no later (several in-place ops)
+        torch_compat.set_version_counters(targets, versions)

@@ -84,6 +84,13 @@ class TraceError(Unsupported):
     """The program cannot be traced into an aten graph (data-dependent value, odd aliasing)."""
 
 
+class RunEagerly(TraceError):
+    """A graph whose eager behaviour a compiled forward/backward pair would not reproduce
+    (an input that requires grad rebased by an in-place op under grad; a value the backward
+    needs overwritten in place): the torch-level graph then runs as it is, so autograd does
+    exactly what it does in eager, errors included."""
+
+
 def _fail(detail: str, hint: str = "") -> TraceError:
     return TraceError(BreakReason.TENSOR_OP_FAILED, detail, hint=hint)
 
