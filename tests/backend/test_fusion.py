@@ -235,3 +235,32 @@ def test_small_static_kernels_open_no_parallel_region():
     (large,) = check(lambda x: (x * 2).relu(), torch.randn(512, 1024))
     assert "omp parallel" not in small.cpp and "omp simd" in small.cpp
     assert "omp parallel for" in large.cpp and "if(" not in large.cpp
+
+
+def _channel_norm(x, w, b):
+    """Batch-norm statistics over (N, H, W) and the normalization that reads them per
+    channel, with the ReLU after it."""
+    mean = x.mean((0, 2, 3), keepdim=True)
+    var = x.var((0, 2, 3), keepdim=True, unbiased=False)
+    return torch.relu((x - mean) * torch.rsqrt(var + 1e-5) * w[:, None, None] + b[:, None, None])
+
+
+def test_per_channel_statistics_and_their_consumer_are_one_kernel():
+    """The consumer of a per-channel statistic iterates (N, C, H, W): with C as the kernel's
+    outer loop and (N, H, W) inner, it joins the statistics' kernel (Inductor's batch norm
+    is one kernel too); a channel's slice is read again from cache."""
+    x, w, b = torch.randn(3, 8, 5, 7), torch.randn(8), torch.randn(8)
+    (art,) = check(_channel_norm, x, w, b)
+    assert kernel_count(art) == 1
+    (art,) = check(lambda x: F.batch_norm(x, None, None, training=True).relu(), x)
+    assert kernel_count(art) == 1
+
+
+def test_per_channel_consumer_of_a_last_dim_run_keeps_its_own_kernel():
+    """(N, C) over outer (C,) would walk its innermost loop down a column: not fused."""
+
+    def f(x):
+        return x - x.mean(0)
+
+    (art,) = check(f, torch.randn(64, 32))
+    assert kernel_count(art) == 2

@@ -102,3 +102,11 @@ def test_symbolic_sizes():
         x = torch.randn(*shape)
         for got, want in zip(compiled(x), f(x)):
             torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+def test_per_channel_statistics_and_their_consumer():
+    """Batch-norm statistics and the normalization in one kernel (fusion.py's inner run)."""
+    from tests.backend.test_fusion import _channel_norm
+
+    (art,) = check(_channel_norm, torch.randn(3, 8, 5, 7), torch.randn(8), torch.randn(8))
+    assert kernel_count(art) == 1

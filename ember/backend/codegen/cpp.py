@@ -401,10 +401,17 @@ class KernelWriter:
         self.lines += ["    }", "  }", "}"]
 
     def _statements(
-        self, nodes, ind: str, scalars: dict[str, str], lane: str | None, fast: bool = False
+        self,
+        nodes,
+        ind: str,
+        scalars: dict[str, str],
+        lane: str | None,
+        fast: bool = False,
+        kept: frozenset[str] = frozenset(),
     ) -> None:
         """Pointwise stores and reduction accumulations of one element (`fast`: float max/min
-        step with a plain compare, NaN recorded in the lane's nan_ flag)."""
+        step with a plain compare, NaN recorded in the lane's nan_ flag; `kept`: pointwise
+        values later loops read, assigned to their pw_ variables)."""
         pr = BodyPrinter(self.lines, ind, dict(scalars))
         j = self.loop_index
         pr.memo.update(self.preset.get(j, {}))
@@ -413,6 +420,8 @@ class KernelWriter:
             if isinstance(node, ir.Pointwise):
                 if node.name not in self.k.local:
                     self.lines.append(ind + store_c(node.name, node.index, v, node.dtype))
+                if node.name in kept:
+                    self.lines.append(f"{ind}pw_{node.name} = {v};")
                 pr.scalars[node.name] = v
             else:
                 acc = f"acc_{node.name}[{lane}]" if lane else f"red_{node.name}"
@@ -436,9 +445,14 @@ class KernelWriter:
                 self.lines.append(
                     f"{ind}{t} red_{r.name} = {_INIT[r.reduction_type](acc_type(r))};"
                 )
+            kept = self._kept_for_later_loops(lp)
+            for n in lp.nodes:
+                if n.name in kept:
+                    self.lines.append(f"{ind}{VALUE_T[n.dtype]} pw_{n.name};")
             self.lines.append(f"{ind}{{")
-            self._statements(lp.nodes, ind + "  ", scalars, None)
+            self._statements(lp.nodes, ind + "  ", scalars, None, kept=kept)
             self.lines.append(f"{ind}}}")
+            scalars.update((name, f"pw_{name}") for name in kept)
         else:
             for r in reds:
                 t, init = VALUE_T[acc_type(r)], _INIT[r.reduction_type](acc_type(r))
@@ -470,6 +484,19 @@ class KernelWriter:
                     else (f"red_{r.name}")
                 )
                 self.lines.append(ind + store_c(r.name, r.index, v, r.dtype))
+
+    def _kept_for_later_loops(self, lp: Loop) -> frozenset[str]:
+        """Pointwise values of a loop without inner ranges that stay in registers and that a
+        later loop of the kernel reads (the scheduler made them local: fusion.build)."""
+        later = set()
+        for other in self.k.loops[self.loop_index + 1 :]:
+            for n in other.nodes:
+                later |= ir.node_reads(n)
+        return frozenset(
+            n.name
+            for n in lp.nodes
+            if isinstance(n, ir.Pointwise) and n.name in self.k.local and n.name in later
+        )
 
     def _inner(
         self,

@@ -78,7 +78,9 @@ def _rebase(node, outer: tuple[int, ...]):
     while m < len(ranges) and not same(acc, target):
         acc *= ranges[m]
         m += 1
-    if not same(acc, target) or (isinstance(node, ir.Reduction) and m != len(ranges)):
+    if not same(acc, target):
+        return _rebase_inner_run(node, outer) if isinstance(node, ir.Pointwise) else None
+    if isinstance(node, ir.Reduction) and m != len(ranges):
         return None
     inner = node.reduction_ranges if isinstance(node, ir.Reduction) else ranges[m:]
     if isinstance(node, ir.Pointwise) and m == len(ranges) and tuple(ranges) == tuple(outer):
@@ -91,9 +93,33 @@ def _rebase(node, outer: tuple[int, ...]):
         sub.update(zip(xs[:m], indexing.unflatten(flat, ranges[:m])))
     if isinstance(node, ir.Pointwise):
         sub.update(zip(xs[m:], ir.loop_vars(len(inner), "r")))
+    return _substituted(node, sub, outer, inner)
+
+
+def _rebase_inner_run(node: ir.Pointwise, outer: tuple[int, ...]):
+    """A pointwise node whose dimensions hold the outer space as a run after its first one,
+    with at least one dimension after it: a per-channel statistic's consumer, (N, C, H, W)
+    over outer (C,). The run becomes the kernel's outer variables and the other dimensions,
+    in order, its inner loop: a batch norm's statistics and its normalization are then one
+    kernel per channel (the channel's slice read again from cache, one call instead of two),
+    and the innermost loop stays the node's contiguous last dimension."""
+    ranges, k = tuple(node.ranges), len(outer)
+    starts = [a for a in range(1, len(ranges) - k) if all(map(same, ranges[a : a + k], outer))]
+    if not starts:
+        return None
+    a = starts[0]
+    inner = ranges[:a] + ranges[a + k :]
+    xs = ir.loop_vars(len(ranges))
+    sub = dict(zip(xs[a : a + k], ir.loop_vars(k)))
+    sub.update(zip(xs[:a] + xs[a + k :], ir.loop_vars(len(inner), "r")))
+    return _substituted(node, sub, outer, inner)
+
+
+def _substituted(node, sub: dict, outer: tuple[int, ...], inner: tuple[int, ...]):
+    """(the node with its loop variables replaced by the kernel's, its inner ranges)."""
     if not sub:
         return node, inner
-    env = dict(zip(kv, outer))
+    env = dict(zip(ir.loop_vars(len(outer)), outer))
     env.update(zip(ir.loop_vars(len(inner), "r"), inner))
 
     def fix(index: sympy.Expr) -> sympy.Expr:
@@ -193,10 +219,14 @@ class _Builder:
                 if ld.index != prod.index:
                     return False, 0
                 earliest = max(earliest, li + 1)
-            else:
-                if ld.index != prod.index or self.loops[li][0] != inner:
-                    return False, 0
+            elif ld.index != prod.index:
+                return False, 0
+            elif self.loops[li][0] == inner:
                 earliest = max(earliest, li)
+            elif not self.loops[li][0]:  # made once per outer point: any later loop reads it
+                earliest = max(earliest, li + 1)
+            else:
+                return False, 0
         return True, earliest
 
     def try_add(self, node: ir.Pointwise | ir.Reduction, unrelated: bool = False) -> bool:
@@ -230,14 +260,18 @@ class _Builder:
         return True
 
     def build(self, name: str, keep: set[str], readers_in: dict[str, set[int]]) -> Kernel:
-        """Freeze; a buffer is local if only this kernel reads it, in a way registers serve."""
+        """Freeze; a buffer is local if only this kernel reads it, in a way registers serve:
+        a reduction's result, a value read only in its own loop, or one made once per outer
+        point (a loop without inner ranges; bfloat16 aside, whose stores round) that later
+        loops read (a batch norm's per-channel scale and shift)."""
         local = set()
         for buf, li in self.where.items():
             if buf in keep:
                 continue
             loops_reading = readers_in.get(buf, set())
             prod = self.produced[buf]
-            if isinstance(prod, ir.Reduction) or loops_reading <= {li}:
+            once = not self.loops[li][0] and prod.dtype != ir.DType.BF16
+            if isinstance(prod, ir.Reduction) or loops_reading <= {li} or once:
                 local.add(buf)
         loops = tuple(Loop(tuple(i), tuple(ns)) for i, ns in self.loops)
         return Kernel(name, self.outer, loops, frozenset(local))
