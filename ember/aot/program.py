@@ -282,12 +282,17 @@ def _output_spec(
     return OutputSpec(OutKind.GRAPH_VIEW if chain else OutKind.GRAPH, k, chain)
 
 
+def _version(t: Any) -> int:
+    """A tensor's version counter (an inference tensor has none, nor does a non-tensor)."""
+    return t._version if isinstance(t, torch.Tensor) and not t.is_inference() else 0
+
+
 def run_forward(
     tracer: Tracer, program: Program, gm: torch.nn.Module, fakes: list, call_args: list
 ) -> list[torch.Tensor]:
     """Trace gm's forward; fill the output specs; returns the graph's user outputs (fakes)."""
     n_user = len(fakes) - len(program.state)
-    versions = [f._version if isinstance(f, torch.Tensor) else 0 for f in fakes]
+    versions = [_version(f) for f in fakes]
     with swapped_state(program.state, fakes[n_user:]), tracer.recording():
         result = run_graph(gm, call_args, tracer)
     leaves, program.out_tree = tree_flatten(result)
@@ -305,7 +310,7 @@ def run_forward(
             hint="register the tensor as a buffer or pass it as an input",
         )
     program.mutated = [i for i, f in enumerate(fakes) if id(f) in mutated_roots]
-    program.bumps = [fakes[i]._version - versions[i] for i in program.mutated]
+    program.bumps = [_version(fakes[i]) - versions[i] for i in program.mutated]
     return graph_outs
 
 
@@ -373,11 +378,16 @@ def apply_mutations(program: Program, flat: Sequence[torch.Tensor], outs: Sequen
         return
     base = len(outs) - len(program.mutated)
     targets = [flat[i] for i in program.mutated]
-    versions = [t._version + b for t, b in zip(targets, program.bumps, strict=True)]
+    # the copy moves a version counter by one; an input that outer autograd saved must
+    # fail its version check as in eager: no sooner (a `.data` write), no later (several
+    # in-place ops). Inference tensors have no counter.
+    odd = [
+        (t, t._version + b)
+        for t, b in zip(targets, program.bumps, strict=True)
+        if b != 1 and not t.is_inference()
+    ]
     with torch.no_grad():
         for j, t in enumerate(targets):
             t.copy_(outs[base + j])
-    if any(b != 1 for b in program.bumps):
-        # an input that outer autograd saved must fail its version check as in eager: no
-        # sooner (a `.data` write), no later (several in-place ops)
-        torch_compat.set_version_counters(targets, versions)
+    if odd:
+        torch_compat.set_version_counters(*map(list, zip(*odd, strict=True)))
