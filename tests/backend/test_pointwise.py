@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ember.backend.compile import record
-from tests.backend.helpers import check, compile_ember, kernel_count
+from tests.backend.helpers import check, compile_ember, extern_ops, kernel_count
 
 SPECIAL = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-30, -3.5, 80.0])
 
@@ -245,3 +245,38 @@ def test_innermost_dim_split_by_a_view_is_walked_in_blocks():
     kernel = art.cpp[art.cpp.index('extern "C"') :]
     assert "x2b < 4" in kernel and "x2l < 16" in kernel
     assert " / " not in kernel and " % " not in kernel
+
+
+def _shift_right(ids):
+    """transformers' shift_tokens_right: a new_zeros, a slice_scatter and a select_scatter
+    after functionalization."""
+    out = ids.new_zeros(ids.shape)
+    out[:, 1:] = ids[:, :-1].clone()
+    out[:, 0] = 7
+    return out * 2
+
+
+def _scatter_sin(x, y):
+    return torch.slice_scatter(x, y.sin(), 1, 2, 5)
+
+
+@pytest.mark.parametrize(
+    "fn, args",
+    [
+        (_shift_right, (torch.randint(0, 100, (3, 9)),)),
+        (_shift_right, (torch.randn(3, 9),)),
+        (lambda x: x.repeat(2, 3) + 1, (torch.randn(4, 5),)),
+        (lambda x: x.repeat(2, 1, 3).exp(), (torch.randn(4, 5),)),
+        (lambda x: x.repeat(3), (torch.randn(1),)),
+        (lambda x: x.t().repeat(1, 2), (torch.randn(4, 5),)),
+        (_scatter_sin, (torch.randn(4, 8), torch.randn(4, 3))),
+        (lambda x, y: torch.slice_scatter(x, y, 0, -3), (torch.randn(5, 2), torch.randn(3, 2))),
+        (lambda x, y: torch.select_scatter(x, y * 3, 0, -1), (torch.randn(4, 8), torch.randn(8))),
+        (lambda x: x.new_full((2, 3), 2.5) + x.sum(), (torch.randn(4),)),
+        (lambda x: x.new_ones((2, 3), dtype=torch.int64) * 3, (torch.randn(4),)),
+    ],
+    ids=lambda v: "" if isinstance(v, tuple) else None,
+)
+def test_scatters_repeat_and_new_factories_are_lowered(fn, args):
+    (art,) = check(fn, *args)
+    assert extern_ops(art) == []

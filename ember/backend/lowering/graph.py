@@ -25,6 +25,7 @@ from ember.backend.lowering import (  # noqa: F401  (registers lowerings)
     pointwise,
     pooling,
     reductions,
+    scatter,
     views,
 )
 from ember.backend.lowering.registry import LOWERINGS, LowerCtx, NotLowered

@@ -564,10 +564,17 @@ def _full(ctx: LowerCtx, size_or_x, fill=None, **_: Any) -> LazyValue:
     return pointwise(ctx, lambda: const(value, ctx.out_dtype), [])
 
 
-@register(aten.zeros_like.default, aten.ones_like.default)
-def _zeros_ones_like(ctx: LowerCtx, x, **_: Any) -> LazyValue:
-    value = 0 if ctx.node.target is aten.zeros_like.default else 1
+@register(
+    aten.zeros_like.default, aten.ones_like.default, aten.new_zeros.default, aten.new_ones.default
+)
+def _zeros_ones_like(ctx: LowerCtx, x, *_: Any, **__: Any) -> LazyValue:
+    value = 0 if ctx.node.target in (aten.zeros_like.default, aten.new_zeros.default) else 1
     return pointwise(ctx, lambda: const(value, ctx.out_dtype), [])
+
+
+@register(aten.new_full.default)
+def _new_full(ctx: LowerCtx, x, size, fill, **_: Any) -> LazyValue:
+    return _full(ctx, size, fill)
 
 
 @register(aten.arange.start_step, aten.arange.start, aten.arange.default)
