@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from fidelity_harness import check, leaf_tensors, tensors, train_check
+from test_fidelity_super import _Square as Square
 from torch.autograd.function import once_differentiable
 
 import ember
@@ -20,18 +21,6 @@ from ember.testing import CountingBackend
 BACKENDS = ["eager", "aot_eager", "ember"]
 CALLS: list = []
 OUTSIDE = torch.ones(4)
-
-
-class Square(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return x * x
-
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        return 2 * x * grad
 
 
 class TenfoldGrad(torch.autograd.Function):
