@@ -55,6 +55,7 @@ class GuardKind(enum.Enum):
     SYMBOLIC_TENSOR = "tensor type, dtype, device, static sizes, strides of symbolic sizes"
     SIZE_RELATION = "a relation between size symbols the trace relied on (s0 >= 2, s0 == s1)"
     INT_SYMBOL = "an int argument that is a size symbol is still an int"
+    CONSTANT_TUPLE = "a module's tuple of plain constants (a stride) is the same tuple, or equal"
 
 
 @dataclasses.dataclass(frozen=True, slots=True, eq=False)
@@ -138,6 +139,21 @@ def _equals_conditions(g: Guard, scope: GuardScope) -> list[str]:
     return [same_type, f"{e} == {scope.const(value)}"]  # inf, torch.Size, complex, ...
 
 
+def _constant_tuple(g: Guard, scope: GuardScope) -> list[str]:
+    """One condition for a whole tuple: the very object the module held at capture (a
+    tuple is immutable: the same object has the same items), else an equal tuple with
+    items of the same types (`2 == 2.0`). A conv net's strides, paddings and kernel sizes
+    cost one `is` each per call instead of a length and a type and value per item."""
+    e = g.source.expr(scope)
+    value = g.expected
+    held = scope.const(value, "tup")
+    types = scope.const(tuple(map(type, value)), "types")
+    return [
+        f"{e} is {held} or (type({e}) is tuple and {e} == {held}"
+        f" and tuple(map(type, {e})) == {types})"
+    ]
+
+
 def _dict_keys(g: Guard, scope: GuardScope) -> list[str]:
     e = g.source.expr(scope)
     keys = g.expected[1]
@@ -218,6 +234,7 @@ _CONDITIONS: dict[GuardKind, Callable[[Guard, GuardScope], list[str]]] = {
     GuardKind.SYMBOLIC_TENSOR: _tensor_conditions,
     GuardKind.SIZE_RELATION: lambda g, s: [g.expected.condition(s)],
     GuardKind.INT_SYMBOL: lambda g, s: [f"type({g.source.expr(s)}) is int"],
+    GuardKind.CONSTANT_TUPLE: _constant_tuple,
 }
 
 

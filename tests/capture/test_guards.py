@@ -707,3 +707,31 @@ def test_a_tensor_method_patched_after_the_capture_is_seen(monkeypatch):
     assert_same(compiled(x), _relu_and_sigmoid(x))
     monkeypatch.setattr(torch.Tensor, "relu", lambda self: self * 100)
     assert_same(compiled(x), _relu_and_sigmoid(x))
+
+
+def test_module_tuple_of_constants_is_one_check():
+    """A conv's stride/padding/kernel size: one CONSTANT_TUPLE condition each (the same
+    tuple object, else an equal tuple with items of the same types). An equal new tuple
+    reuses the entry; another value recompiles once; float items (which conv2d refuses)
+    are not taken for the ints they equal."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 4, 3, stride=(2, 2), padding=(1, 1))
+    compiled, counter = compiled_with_counter(conv)
+    x = torch.randn(1, 3, 9, 9)
+    run_both(conv, compiled, x)
+    (entry,) = frame_cache.cache_for(type(conv).forward.__code__).entries
+    text = entry.guard.source_text
+    assert text.count(" is ___tup") >= 3, text  # stride, padding, dilation
+    conv.stride = (2, 2)  # a new tuple object, equal
+    run_both(conv, compiled, x)
+    assert counter.frame_count == 1
+    conv.stride = (1, 2)
+    run_both(conv, compiled, x)
+    assert counter.frame_count == 2
+    conv.stride = (1.0, 2.0)  # conv2d refuses float strides: the capture must see them
+    for run in (conv, compiled):  # (fullgraph=True: the failed op is an Unsupported)
+        try:
+            run(x)
+        except (TypeError, ember.Unsupported):
+            continue
+        raise AssertionError(f"{run} took float strides")

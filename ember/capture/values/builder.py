@@ -78,6 +78,7 @@ _CONSTANT_TYPES = (
 )
 
 _SINGLETON_TYPES = (enum.Enum, dataclasses.Field)
+_PLAIN_ITEM_TYPES = (int, float, str, bool, type(None))
 """Immutable in practice and compared by identity: enum members, a dataclass's fields."""
 
 _KEY_TYPES = (str, int, float, type(None), type, types.FunctionType, enum.Enum, torch.nn.Module)
@@ -154,6 +155,16 @@ class ValueBuilder:
             base = getattr(base, "base", None)
         return False
 
+    def _plain_module_tuple(self, value: Any, source: Source) -> bool:
+        """A plain tuple of ints, floats, strs, bools or Nones held by a module's attribute
+        (a stride, a kernel size): its items stay constants (`_configures_a_module`), and
+        one CONSTANT_TUPLE guard checks them all."""
+        return (
+            type(value) is tuple
+            and all(type(v) in _PLAIN_ITEM_TYPES for v in value)
+            and self._configures_a_module(ItemSource(source, 0))
+        )
+
     def outside_values(self) -> list[Value]:
         """The values this capture made of outside objects (each reached through a source)."""
         return [value for value, _ in self._real.values() if value.source is not None]
@@ -199,6 +210,10 @@ class ValueBuilder:
         if isinstance(value, _SINGLETON_TYPES):  # members are unique: the identity says all
             guards.add(GuardKind.ID_MATCH, source, value)
             return ConstantValue(value, source)
+        if self._plain_module_tuple(value, source):
+            guards.add(GuardKind.CONSTANT_TUPLE, source, value)
+            items = [ConstantValue(v, ItemSource(source, i)) for i, v in enumerate(value)]
+            return TupleValue(items, source)
         if isinstance(value, tuple):
             guards.add(GuardKind.LENGTH_MATCH, source, (type(value), len(value)))
             items = [self.wrap(v, ItemSource(source, i)) for i, v in enumerate(value)]
