@@ -247,12 +247,15 @@ class BornModuleValue(ModuleValue):
 
 
 def slice_container(parent: ModuleValue, window: slice, children: list[Value]) -> BornModuleValue:
-    """`layers[1:]` of a Sequential or ModuleList: a new container of the same class (as its
-    `__getitem__` makes) holding the selected children, which keep their guarded sources."""
+    """`layers[1:]` of a Sequential, ModuleList or ParameterList: a new container of the same
+    class (as its `__getitem__` makes) holding the selected children (modules, or the very
+    parameters), which keep their guarded sources."""
     born = BornModuleValue(
         parent.module[window], (operator.getitem, [parent, ConstantValue(window)], {})
     )
-    born.children = dict(zip(born.module._modules, children))
+    m = born.module
+    keys = m._parameters if isinstance(m, torch.nn.ParameterList) else m._modules
+    born.children = dict(zip(keys, children))
     return born
 
 

@@ -296,7 +296,7 @@ class ModuleValue(Value):
         return self.getattr(tx, name).call(tx, args, kwargs)
 
 
-_SLICEABLE = (torch.nn.Sequential, torch.nn.ModuleList)
+_SLICEABLE = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ParameterList)
 
 
 _TEXT_METHODS = {str: "__str__", repr: "__repr__", format: "__format__"}

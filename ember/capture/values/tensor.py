@@ -519,7 +519,7 @@ def wrap_result(
                 same = _returned_input(item, device, inputs)
                 items.append(same or TensorValue(sub, item, device))
             else:
-                items.append(ConstantValue(item))
+                items.append(ConstantValue(_free_of_tensors(node, item)))
         struct = type(result) if isinstance(result, tuple) and type(result) is not tuple else None
         if isinstance(result, list):
             from ember.capture.values.containers import ListValue
@@ -528,4 +528,15 @@ def wrap_result(
         return TupleValue(items, struct_type=struct)
     if result is not None:  # a None result is kept: the call was made for its effect
         tx.ctx.out.erase_node(node)
-    return ConstantValue(result)
+    return ConstantValue(_free_of_tensors(node, result))
+
+
+def _free_of_tensors(node: torch.fx.Node, value: Any) -> Any:
+    """A result kept as a constant must hold no tensor: the ones in a dict or a nested list
+    are the capture's meta examples, which the code after the graph would be handed."""
+    if any(isinstance(leaf, torch.Tensor) for leaf in tree_leaves(value)):
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_CALL,
+            f"{_op_name(node.target)} returns tensors inside a {type(value).__name__}",
+        )
+    return value

@@ -1,0 +1,137 @@
+"""Probe round 13b (issue 12): nn.Module and training-loop idioms (parameter containers,
+autocast queries, whole training steps with gradient clipping and loss scaling), each
+compared with eager and with Dynamo's counts through fidelity_harness."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from fidelity_harness import check, tensors
+from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
+
+import ember
+from ember import torch_compat
+from ember.capture.values.builtins import BUILTINS
+
+
+def _net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+
+
+def _data():
+    gen = torch.Generator().manual_seed(0)
+    return torch.randn(8, 4, generator=gen), torch.randint(0, 3, (8,), generator=gen)
+
+
+def _restoring(model: torch.nn.Module) -> dict:
+    """reset/state for a program that changes the model's parameters and gradients."""
+    saved = copy.deepcopy(model.state_dict())
+
+    def reset() -> None:
+        model.load_state_dict(saved)
+        for p in model.parameters():
+            p.grad = None
+
+    def state() -> list:
+        return [(p.detach().clone(), p.grad) for p in model.parameters()]
+
+    return {"reset": reset, "state": state}
+
+
+# wrong answers
+
+
+def test_autocast_queries_answer_the_traced_modes():
+    """The process's autocast is off while capturing; the answer is the trace's own."""
+    lin = torch.nn.Linear(4, 4)
+
+    def f(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            inside = torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
+            with torch.autocast("cpu", enabled=False):
+                off = torch.is_autocast_enabled(device_type="cpu")
+            cuda = torch.is_autocast_enabled()
+            y = lin(x)
+        return inside, off, cuda, y, torch.is_autocast_enabled("cpu")
+
+    check(f, tensors((2, 4)))
+
+
+def test_autocast_query_under_the_callers_autocast():
+    def f(x):
+        return torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), x @ x.t()
+
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        check(f, tensors((2, 4)))
+    check(f, tensors((2, 4)))
+
+
+def test_grouping_tensors_by_device_and_dtype_gives_the_traced_tensors():
+    """It ran on the capture's meta examples, and a dict of them reached the caller."""
+
+    def f(x):
+        return _group_tensors_by_device_and_dtype([[x, x.double(), x + 1], [None, x, None]], True)
+
+    check(f, tensors((3,)))
+
+
+def test_a_call_returning_tensors_in_a_dict_breaks(monkeypatch):
+    """Without its own handler, a torch function whose result holds tensors in a dict is a
+    break, never a constant of meta tensors."""
+    monkeypatch.delitem(BUILTINS, torch_compat.group_tensors_by_device_and_dtype)
+
+    def f(x):
+        y = x + 1
+        return _group_tensors_by_device_and_dtype([[y, x.double()]]), y * 2
+
+    ember.reset()
+    out, expected = ember.compile(f)(torch.ones(3)), f(torch.ones(3))
+    torch.testing.assert_close(out, expected)
+    assert any("inside a dict" in r for r in ember.stats()["break_reasons"])
+
+
+# crashes
+
+
+@pytest.mark.parametrize("norm_type", [2.0, float("inf")])
+def test_clip_grad_norm_in_a_training_step(norm_type):
+    model = _net()
+
+    def step(x, y):
+        F.cross_entropy(model(x), y).backward()
+        torch.nn.utils.clip_grad_value_(model.parameters(), clip_value=0.05)
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1, norm_type=norm_type)
+
+    check(step, _data, **_restoring(model))
+
+
+def test_all_over_a_generator_made_after_a_break():
+    """Manual loss scaling: `all(...)` of a generator expression in a resumed frame."""
+    model = _net()
+
+    def step(x, y):
+        loss = F.cross_entropy(model(x), y)
+        (loss * 1024.0).backward()
+        for p in model.parameters():
+            p.grad.div_(1024.0)
+        return loss.detach(), all(torch.isfinite(p.grad).all() for p in model.parameters())
+
+    check(step, _data, **_restoring(model))
+
+
+PARAMS = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(4)) for _ in range(3)])
+
+
+def p_parameter_list_slices(x):
+    acc = x * PARAMS[-1]
+    for i, (p, q) in enumerate(zip(PARAMS, PARAMS[1:])):
+        acc = acc + i * p * q
+    return acc, [p.shape for p in PARAMS[::2]], len(PARAMS[1:])
+
+
+def test_parameter_list_slices():
+    check(p_parameter_list_slices, tensors((2, 4)))
