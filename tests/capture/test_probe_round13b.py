@@ -135,3 +135,36 @@ def p_parameter_list_slices(x):
 
 def test_parameter_list_slices():
     check(p_parameter_list_slices, tensors((2, 4)))
+
+
+HOOKED = torch.nn.Linear(4, 4)
+CALLED: list[str] = []
+
+
+def p_global_forward_hook_registered_in_the_trace(x):
+    handle = torch.nn.modules.module.register_module_forward_hook(
+        lambda m, a, o: CALLED.append(type(m).__name__)
+    )
+    try:
+        return HOOKED(x)
+    finally:
+        handle.remove()
+
+
+def p_module_hook_registered_and_removed_in_the_trace(x):
+    handle = HOOKED.register_forward_hook(lambda m, a, o: o * 100)
+    y = HOOKED(x)
+    handle.remove()
+    return y, HOOKED(x)
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        p_global_forward_hook_registered_in_the_trace,
+        p_module_hook_registered_and_removed_in_the_trace,
+    ],
+)
+def test_hooks_registered_in_the_trace_run(program):
+    """The real hook tables are unchanged until the graph has run: the traced ones tell."""
+    check(program, tensors((2, 4)), reset=CALLED.clear, state=lambda: list(CALLED))

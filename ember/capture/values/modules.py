@@ -96,7 +96,7 @@ def call_module(tx: Translator, value: ModuleValue, args: list[Value], kwargs: d
         # a subclass's own __call__ (which usually calls super().__call__) runs as written
         return BoundMethodValue(UserFunctionValue(call), value).call(tx, args, kwargs)
     forward = value.getattr(tx, "forward")
-    if not has_forward_hooks(m):
+    if not has_forward_hooks(m) and not _hooks_changed_in_trace(tx, m):
         if value.source is not None:
             tx.ctx.guards.add(GuardKind.NO_HOOKS, value.source)
         return forward.call(tx, args, kwargs)
@@ -130,6 +130,15 @@ def call_module(tx: Translator, value: ModuleValue, args: list[Value], kwargs: d
     return output
 
 
+def _hooks_changed_in_trace(tx: Translator, m: torch.nn.Module) -> bool:
+    """Whether the trace registered or removed forward hooks (of `m` or global ones): the
+    real tables are as they were before the trace then, and only the traced ones tell."""
+    tables = [getattr(m, name) for name in _MODULE_HOOKS]
+    tables += [getattr(nn_module, name) for name in _GLOBAL_HOOKS]
+    tracked = [tx.ctx.builder.tracked(table) for table in tables]
+    return any(v is not None and tx.ctx.effects.is_mutated(v) for v in tracked)
+
+
 def _hook_tables(tx: Translator, value: ModuleValue) -> dict[str, Any]:
     """The module's and the global hook dicts: hooks as guarded values (their keys and the
     hooks' identities are guarded), the marker dicts as sets of hook ids."""
@@ -149,12 +158,17 @@ def _wrap_table(builder: Any, table: dict, source: Any) -> Any:
     if source is None:
         raise Unsupported(BreakReason.UNSUPPORTED_CALL, "hooks on a module made in the trace")
     wrapped = builder.wrap(table, source)
-    return {key for key in wrapped.items} if not table or _is_marker(table) else wrapped
+    return {key for key in wrapped.items} if _is_marker(wrapped) else wrapped
 
 
-def _is_marker(table: dict) -> bool:
-    """`_forward_hooks_with_kwargs` and kin map hook ids to True (or are sets)."""
-    return not isinstance(table, dict) or all(v is True for v in table.values())
+def _is_marker(table: Value) -> bool:
+    """`_forward_hooks_with_kwargs` and kin map hook ids to True (or are sets); an empty
+    table holds no hooks either way. Read from the trace's value: hooks registered in the
+    trace are in it only."""
+    items = getattr(table, "items", None)
+    if not isinstance(items, dict):
+        return True
+    return all(v.is_constant() and v.as_constant() is True for v in items.values())
 
 
 def _entries(tables: dict[str, Any], name: str) -> list[tuple[int, Value]]:
