@@ -168,3 +168,28 @@ def p_module_hook_registered_and_removed_in_the_trace(x):
 def test_hooks_registered_in_the_trace_run(program):
     """The real hook tables are unchanged until the graph has run: the traced ones tell."""
     check(program, tensors((2, 4)), reset=CALLED.clear, state=lambda: list(CALLED))
+
+
+SEQ = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+ACTIVATIONS: dict[str, torch.Tensor] = {}
+for _name, _child in SEQ.named_children():
+    _child.register_forward_hook(
+        lambda m, a, o, name=_name: ACTIVATIONS.__setitem__(name, o.detach())
+    )
+
+
+def p_hooks_record_activations_through_dict_dunders(x):
+    out = SEQ(x)
+    seen = ACTIVATIONS.__getitem__("0")
+    ACTIVATIONS.__delitem__("1")
+    return out, seen
+
+
+def test_hooks_record_activations_through_dict_dunders():
+    """`d.__setitem__` bound and called was a break per hook."""
+    check(
+        p_hooks_record_activations_through_dict_dunders,
+        tensors((2, 4)),
+        reset=ACTIVATIONS.clear,
+        state=lambda: dict(ACTIVATIONS),
+    )
