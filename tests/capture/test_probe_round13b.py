@@ -193,3 +193,32 @@ def test_hooks_record_activations_through_dict_dunders():
         reset=ACTIVATIONS.clear,
         state=lambda: dict(ACTIVATIONS),
     )
+
+
+class _Delegating(torch.nn.Module):
+    """A wrapper whose `__getattr__` falls back to the wrapped module's attributes."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.inner, name)
+
+    def forward(self, x):
+        return self.inner(x) + self.out_features
+
+
+DELEGATING = _Delegating(torch.nn.Linear(4, 3))
+
+
+def p_module_getattr_override_delegates(x):
+    return DELEGATING(x), DELEGATING.in_features, DELEGATING.weight.shape
+
+
+def test_module_getattr_override_is_inlined():
+    """A module class's own `__getattr__` was never called: each miss was a break."""
+    check(p_module_getattr_override_delegates, tensors((2, 4)))

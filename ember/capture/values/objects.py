@@ -36,6 +36,11 @@ if TYPE_CHECKING:
     from ember.capture.translator import Translator
 
 
+_MODULE_GETATTR = torch.nn.Module.__getattr__
+"""Module's own fallback finds only parameters, buffers and submodules, which the module's
+value looks up itself; a subclass's override is inlined like any class's."""
+
+
 def _class_attribute(tx: Translator, owner: Value, cls: type, name: str, source) -> Value:
     """`owner.name` resolved on the class: methods bind, properties run, constants wrap."""
     if name == "__class__":  # the owner's type is pinned by its TYPE_MATCH / ID_MATCH guard
@@ -51,7 +56,7 @@ def _class_attribute(tx: Translator, owner: Value, cls: type, name: str, source)
             break
     else:
         fallback = getattr(cls, "__getattr__", None)
-        if isinstance(fallback, types.FunctionType) and not issubclass(cls, torch.nn.Module):
+        if isinstance(fallback, types.FunctionType) and fallback is not _MODULE_GETATTR:
             return UserFunctionValue(fallback).call(tx, [owner, ConstantValue(name)], {})
         raise MissingAttribute(f"{cls.__name__!r} object has no attribute {name!r}", cls)
     if isinstance(attr, types.FunctionType):
