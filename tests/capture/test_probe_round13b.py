@@ -222,3 +222,57 @@ def p_module_getattr_override_delegates(x):
 def test_module_getattr_override_is_inlined():
     """A module class's own `__getattr__` was never called: each miss was a break."""
     check(p_module_getattr_override_delegates, tensors((2, 4)))
+
+
+# containers made in the trace and changed there
+
+
+def p_sequential_built_by_add_module_and_append(x):
+    seq = torch.nn.Sequential()
+    seq.add_module("act", torch.nn.ReLU())
+    seq.append(torch.nn.Tanh())
+    return seq(x), len(seq)
+
+
+def p_module_list_extend_insert_setitem(x):
+    layers = torch.nn.ModuleList([torch.nn.ReLU()])
+    layers.extend([torch.nn.Tanh(), torch.nn.Sigmoid()])
+    layers.insert(0, torch.nn.Identity())
+    layers[1] = torch.nn.Softsign()
+    for layer in layers:
+        x = layer(x)
+    return x, [type(m).__name__ for m in layers]
+
+
+def p_module_dict_update_setitem_delitem(x):
+    blocks = torch.nn.ModuleDict({"a": torch.nn.ReLU()})
+    blocks.update({"b": torch.nn.Tanh()})
+    blocks["c"] = torch.nn.Sigmoid()
+    del blocks["a"]
+    for key in blocks:
+        x = blocks[key](x)
+    return x, list(blocks.keys())
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        p_sequential_built_by_add_module_and_append,
+        p_module_list_extend_insert_setitem,
+        p_module_dict_update_setitem_delitem,
+    ],
+)
+def test_containers_changed_in_the_trace(program):
+    """What the trace added to `_modules` was dropped: the container ran as it was made."""
+    check(program, tensors((2, 4)))
+
+
+def test_a_changed_container_is_not_made_again_from_its_recipe():
+    def f(x):
+        seq = torch.nn.Sequential(torch.nn.Tanh())
+        seq.append(torch.nn.ReLU())
+        return seq(x), seq
+
+    ember.reset()
+    out, seq = ember.compile(f)(torch.ones(2))
+    assert [type(m) for m in seq] == [torch.nn.Tanh, torch.nn.ReLU]

@@ -212,13 +212,29 @@ class BornModuleValue(ModuleValue):
         self.children: dict[str, Value] = {}
         """Key -> the child's value (for a slice: reached through the parent's source)."""
         self.attrs: dict[str, Value] = {}
+        self._table: DictValue | None = None
+        """`_modules` as the trace reads and writes it (add_module, append, insert): the
+        children themselves, so what the trace adds is what the container then holds."""
+        self._made_with: list[tuple[str, int]] = []
 
     def describe(self) -> str:
         return f"module {type(self.module).__name__} made in the trace"
 
+    def _modules_table(self) -> DictValue:
+        if self._table is None:
+            self._table = DictValue({})
+            self._table.items = self.children
+            self._made_with = self._layout()
+        return self._table
+
+    def _layout(self) -> list[tuple[str, int]]:
+        return [(key, id(child)) for key, child in self.children.items()]
+
     def getattr(self, tx: Translator, name: str) -> Value:
         if name in self.attrs:
             return self.attrs[name]
+        if name == "_modules" and not isinstance(self.module, torch.nn.ParameterList):
+            return self._modules_table()
         if name in self.children:
             return self.children[name]
         m = self.module
@@ -229,7 +245,26 @@ class BornModuleValue(ModuleValue):
 
     def setattr(self, tx: Translator, name: str, value: Value) -> None:
         tx.ctx.effects.touch(self)
+        if isinstance(value, ModuleValue) or (name in self.children and _is_none(value)):
+            self._modules_table()  # as Module.__setattr__: a submodule goes to `_modules`
+            self.children[name] = value
+            self.attrs.pop(name, None)
+            return
         self.attrs[name] = value
+
+    def setitem(self, tx: Translator, key: Value, value: Value) -> None:
+        self._container_method(tx, "__setitem__", [key, value])
+
+    def delitem(self, tx: Translator, key: Value) -> None:
+        self._container_method(tx, "__delitem__", [key])
+
+    def _container_method(self, tx: Translator, name: str, args: list[Value]) -> None:
+        """`layers[i] = m`, `del blocks[k]`: the container class's own method, inlined (it
+        writes `_modules`)."""
+        method = getattr(type(self.module), name, None)
+        if not isinstance(method, types.FunctionType):
+            raise Unsupported(BreakReason.SIDE_EFFECT, f"{name} on {self.describe()}")
+        UserFunctionValue(method).call(tx, [self, *args], {})
 
     def iterate(self, tx: Translator) -> list[Value]:
         if isinstance(self.module, torch.nn.ModuleDict):
@@ -248,7 +283,7 @@ class BornModuleValue(ModuleValue):
         return self.children[k]
 
     def reconstruct(self, em: Emitter) -> None:
-        if self.attrs:
+        if self.attrs or (self._table is not None and self._layout() != self._made_with):
             raise Unsupported(
                 BreakReason.UNSUPPORTED_OBJECT,
                 f"{self.describe()}, changed by the trace, cannot be made again after the graph",
