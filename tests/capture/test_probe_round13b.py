@@ -276,3 +276,57 @@ def test_a_changed_container_is_not_made_again_from_its_recipe():
     ember.reset()
     out, seq = ember.compile(f)(torch.ones(2))
     assert [type(m) for m in seq] == [torch.nn.Tanh, torch.nn.ReLU]
+
+
+# training steps
+
+
+WEIGHT = torch.nn.Parameter(torch.ones(3))
+
+
+def _reset_weight_grad() -> None:
+    WEIGHT.grad = torch.full((3,), 2.0)
+
+
+def p_grad_assigned_and_read_back(x):
+    before = WEIGHT.grad * 2
+    WEIGHT.grad = None
+    cleared = WEIGHT.grad is None
+    WEIGHT.grad = x * 3
+    WEIGHT.grad.add_(1)
+    return cleared, WEIGHT.grad, before
+
+
+def test_grad_assigned_in_the_trace():
+    """`p.grad = ...` was a break at every assignment."""
+    check(
+        p_grad_assigned_and_read_back,
+        tensors((3,)),
+        reset=_reset_weight_grad,
+        state=lambda: WEIGHT.grad,
+    )
+
+
+def test_manual_sgd_step_clears_grads():
+    model = _net()
+
+    def step(x, y):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.1 * p.grad
+                p.grad = None
+        return loss.detach()
+
+    check(step, _data, **_restoring(model))
+
+
+def test_grad_of_another_size_is_eagers_error():
+    def f(x):
+        WEIGHT.grad = x
+        return x
+
+    ember.reset()
+    with pytest.raises(RuntimeError, match="same size"):
+        ember.compile(f)(torch.ones(2))
