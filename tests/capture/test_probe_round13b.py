@@ -330,3 +330,48 @@ def test_grad_of_another_size_is_eagers_error():
     ember.reset()
     with pytest.raises(RuntimeError, match="same size"):
         ember.compile(f)(torch.ones(2))
+
+
+LINEAR = torch.nn.Linear(4, 4)
+
+
+def p_local_function_decorated_with_no_grad(x):
+    @torch.no_grad()
+    def infer(t):
+        return LINEAR(t)
+
+    y = infer(x)
+    return y.requires_grad, y, infer.__name__
+
+
+def p_enable_grad_decorator_inside_no_grad(x):
+    with torch.no_grad():
+
+        @torch.enable_grad()
+        def train(t):
+            return LINEAR(t) * 2
+
+        y = train(x)
+        z = LINEAR(x)
+    return y.requires_grad, z.requires_grad, y, z
+
+
+@pytest.mark.parametrize(
+    "program", [p_local_function_decorated_with_no_grad, p_enable_grad_decorator_inside_no_grad]
+)
+def test_grad_mode_decorator_on_a_local_function(program):
+    """The decoration was a break (calling the context object)."""
+    check(program, tensors((2, 4)))
+
+
+def test_a_decorated_local_function_returned_is_torchs():
+    def f(x):
+        @torch.no_grad()
+        def infer(t):
+            return LINEAR(t)
+
+        return infer
+
+    ember.reset()
+    infer = ember.compile(f)(torch.ones(2, 4))
+    assert infer.__name__ == "infer" and not infer(torch.ones(2, 4)).requires_grad

@@ -621,6 +621,15 @@ class GradModeValue(Value):
         tx.set_grad_enabled(self.saved.pop())
         return ConstantValue(None)
 
+    def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        """`torch.no_grad()(fn)`: the decorator, on a function of the trace."""
+        from ember.capture.values.grad_decorated import GradModeDecoratedValue, decorates
+
+        if self.restore_to is None and not self.saved and len(args) == 1 and not kwargs:
+            if decorates(args[0]):
+                return GradModeDecoratedValue(self.enabled, args[0])
+        return super().call(tx, args, kwargs)
+
     def reconstruct(self, em: Emitter) -> None:
         """A context not entered (one a break hands on: `torch.no_grad()(fn)` decorating a
         local function); an entered one is the `with` block's, which break code restores."""
