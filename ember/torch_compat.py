@@ -78,6 +78,10 @@ never_compiled_wrapper_file: str = _resolve("_compile").__file__
 """Where `torch._disable_dynamo` defines the wrapper of functions torch never compiles
 (`Optimizer.zero_grad`): the wrapper copies the function's name and module."""
 is_any_autocast_enabled: Callable[[], bool] = _resolve("_C._is_any_autocast_enabled")
+group_tensors_by_device_and_dtype: Callable[..., dict] = _resolve(
+    "_C._group_tensors_by_device_and_dtype"
+)
+"""How foreach users (clip_grad_norm_, optimizers) split lists of tensors by device and dtype."""
 functorch_transforms_active: Callable[[], bool] = _resolve("_C._are_functorch_transforms_active")
 fused_sdp_choice: Callable[..., int] = _resolve("_fused_sdp_choice")
 scaled_dot_product_attention: Callable[..., Any] = _resolve("_C._nn.scaled_dot_product_attention")

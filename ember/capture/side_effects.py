@@ -116,6 +116,10 @@ class SideEffects:
         if container.source is not None:
             self._containers[id(container)] = container
 
+    def is_mutated(self, container: Value) -> bool:
+        """Whether the trace changed the contents of this outside container."""
+        return id(container) in self._containers
+
     def changed_outside(self) -> list[Value]:
         """Outside containers and objects the trace changed (list, dict and set contents,
         attributes)."""

@@ -286,14 +286,13 @@ def _requiring_grad():
     return (torch.ones(4, requires_grad=True),)
 
 
-@pytest.mark.parametrize(
-    "program",
-    [p_grad_mode_decorating_a_local_function, p_set_grad_enabled_object_as_decorator],
-)
-def test_grad_mode_contexts_as_decorators(program):
-    # a break at the decoration (the context is made again there) where the frame ran
-    # eagerly; Dynamo traces the decorated call without a break
-    counts = check(program, _requiring_grad, dynamo=False)
+def test_grad_mode_contexts_as_decorators():
+    # traced as Dynamo traces it (round 13b; it was a break at the decoration)
+    check(p_grad_mode_decorating_a_local_function, _requiring_grad)
+    # a set_grad_enabled object (which set the mode when made): a break at the decoration
+    # (the context is made again there) where the frame ran eagerly; Dynamo traces the
+    # decorated call without a break
+    counts = check(p_set_grad_enabled_object_as_decorator, _requiring_grad, dynamo=False)
     assert counts.breaks == 1
 
 

@@ -136,6 +136,10 @@ class ValueBuilder:
         self._real[id(result)] = (result, value)
         return result
 
+    def tracked(self, value: Any) -> Value | None:
+        """The symbolic value the trace already holds for this object, if any."""
+        return self._by_id.get(id(value))
+
     def wrap_module_attribute(self, value: Any, source: Source) -> Value:
         """`module.name` of a plain attribute (see `_configures_a_module`)."""
         self._module_attributes.add(source)

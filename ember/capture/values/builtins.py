@@ -527,6 +527,10 @@ def _sum(tx, args, kwargs):
 def _any_all(fn: Any) -> Handler:
     def handler(tx, args, kwargs):  # stops at the first deciding item, as Python does
         iterator = iterator_over(tx, args[0])
+        if not isinstance(iterator, IteratorValue):  # a generator CPython made: at a break
+            raise Unsupported(
+                BreakReason.UNSUPPORTED_CALL, f"{fn.__name__}() of {iterator.describe()}"
+            )
         return ConstantValue(fn(v.truth(tx) for v in iter(lambda: iterator.next(tx), None)))
 
     return handler

@@ -34,6 +34,9 @@ _DICT_WRITES = frozenset(
 )
 
 
+_DICT_DUNDERS = {"__getitem__": "getitem", "__setitem__": "setitem", "__delitem__": "delitem"}
+
+
 def _flag(args: list[Value], kwargs: dict, index: int, name: str, default: bool) -> bool:
     if len(args) > index:
         return args[index].as_constant()
@@ -417,6 +420,9 @@ class DictValue(Value):
             return ConstantValue(self._key(args[0]) in items)
         if name == "copy":
             return DictValue(items, dict_type=self.dict_type)
+        if name in _DICT_DUNDERS:  # `d.__setitem__` bound and called (a hook's recorder)
+            result = getattr(self, _DICT_DUNDERS[name])(tx, *args)
+            return ConstantValue(None) if result is None else result
         tx.ctx.effects.mutated(self)
         if name == "update":
             if args:

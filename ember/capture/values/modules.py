@@ -96,7 +96,7 @@ def call_module(tx: Translator, value: ModuleValue, args: list[Value], kwargs: d
         # a subclass's own __call__ (which usually calls super().__call__) runs as written
         return BoundMethodValue(UserFunctionValue(call), value).call(tx, args, kwargs)
     forward = value.getattr(tx, "forward")
-    if not has_forward_hooks(m):
+    if not has_forward_hooks(m) and not _hooks_changed_in_trace(tx, m):
         if value.source is not None:
             tx.ctx.guards.add(GuardKind.NO_HOOKS, value.source)
         return forward.call(tx, args, kwargs)
@@ -130,6 +130,15 @@ def call_module(tx: Translator, value: ModuleValue, args: list[Value], kwargs: d
     return output
 
 
+def _hooks_changed_in_trace(tx: Translator, m: torch.nn.Module) -> bool:
+    """Whether the trace registered or removed forward hooks (of `m` or global ones): the
+    real tables are as they were before the trace then, and only the traced ones tell."""
+    tables = [getattr(m, name) for name in _MODULE_HOOKS]
+    tables += [getattr(nn_module, name) for name in _GLOBAL_HOOKS]
+    tracked = [tx.ctx.builder.tracked(table) for table in tables]
+    return any(v is not None and tx.ctx.effects.is_mutated(v) for v in tracked)
+
+
 def _hook_tables(tx: Translator, value: ModuleValue) -> dict[str, Any]:
     """The module's and the global hook dicts: hooks as guarded values (their keys and the
     hooks' identities are guarded), the marker dicts as sets of hook ids."""
@@ -149,12 +158,17 @@ def _wrap_table(builder: Any, table: dict, source: Any) -> Any:
     if source is None:
         raise Unsupported(BreakReason.UNSUPPORTED_CALL, "hooks on a module made in the trace")
     wrapped = builder.wrap(table, source)
-    return {key for key in wrapped.items} if not table or _is_marker(table) else wrapped
+    return {key for key in wrapped.items} if _is_marker(wrapped) else wrapped
 
 
-def _is_marker(table: dict) -> bool:
-    """`_forward_hooks_with_kwargs` and kin map hook ids to True (or are sets)."""
-    return not isinstance(table, dict) or all(v is True for v in table.values())
+def _is_marker(table: Value) -> bool:
+    """`_forward_hooks_with_kwargs` and kin map hook ids to True (or are sets); an empty
+    table holds no hooks either way. Read from the trace's value: hooks registered in the
+    trace are in it only."""
+    items = getattr(table, "items", None)
+    if not isinstance(items, dict):
+        return True
+    return all(v.is_constant() and v.as_constant() is True for v in items.values())
 
 
 def _entries(tables: dict[str, Any], name: str) -> list[tuple[int, Value]]:
@@ -198,13 +212,29 @@ class BornModuleValue(ModuleValue):
         self.children: dict[str, Value] = {}
         """Key -> the child's value (for a slice: reached through the parent's source)."""
         self.attrs: dict[str, Value] = {}
+        self._table: DictValue | None = None
+        """`_modules` as the trace reads and writes it (add_module, append, insert): the
+        children themselves, so what the trace adds is what the container then holds."""
+        self._made_with: list[tuple[str, int]] = []
 
     def describe(self) -> str:
         return f"module {type(self.module).__name__} made in the trace"
 
+    def _modules_table(self) -> DictValue:
+        if self._table is None:
+            self._table = DictValue({})
+            self._table.items = self.children
+            self._made_with = self._layout()
+        return self._table
+
+    def _layout(self) -> list[tuple[str, int]]:
+        return [(key, id(child)) for key, child in self.children.items()]
+
     def getattr(self, tx: Translator, name: str) -> Value:
         if name in self.attrs:
             return self.attrs[name]
+        if name == "_modules" and not isinstance(self.module, torch.nn.ParameterList):
+            return self._modules_table()
         if name in self.children:
             return self.children[name]
         m = self.module
@@ -215,7 +245,26 @@ class BornModuleValue(ModuleValue):
 
     def setattr(self, tx: Translator, name: str, value: Value) -> None:
         tx.ctx.effects.touch(self)
+        if isinstance(value, ModuleValue) or (name in self.children and _is_none(value)):
+            self._modules_table()  # as Module.__setattr__: a submodule goes to `_modules`
+            self.children[name] = value
+            self.attrs.pop(name, None)
+            return
         self.attrs[name] = value
+
+    def setitem(self, tx: Translator, key: Value, value: Value) -> None:
+        self._container_method(tx, "__setitem__", [key, value])
+
+    def delitem(self, tx: Translator, key: Value) -> None:
+        self._container_method(tx, "__delitem__", [key])
+
+    def _container_method(self, tx: Translator, name: str, args: list[Value]) -> None:
+        """`layers[i] = m`, `del blocks[k]`: the container class's own method, inlined (it
+        writes `_modules`)."""
+        method = getattr(type(self.module), name, None)
+        if not isinstance(method, types.FunctionType):
+            raise Unsupported(BreakReason.SIDE_EFFECT, f"{name} on {self.describe()}")
+        UserFunctionValue(method).call(tx, [self, *args], {})
 
     def iterate(self, tx: Translator) -> list[Value]:
         if isinstance(self.module, torch.nn.ModuleDict):
@@ -234,7 +283,7 @@ class BornModuleValue(ModuleValue):
         return self.children[k]
 
     def reconstruct(self, em: Emitter) -> None:
-        if self.attrs:
+        if self.attrs or (self._table is not None and self._layout() != self._made_with):
             raise Unsupported(
                 BreakReason.UNSUPPORTED_OBJECT,
                 f"{self.describe()}, changed by the trace, cannot be made again after the graph",
@@ -247,12 +296,15 @@ class BornModuleValue(ModuleValue):
 
 
 def slice_container(parent: ModuleValue, window: slice, children: list[Value]) -> BornModuleValue:
-    """`layers[1:]` of a Sequential or ModuleList: a new container of the same class (as its
-    `__getitem__` makes) holding the selected children, which keep their guarded sources."""
+    """`layers[1:]` of a Sequential, ModuleList or ParameterList: a new container of the same
+    class (as its `__getitem__` makes) holding the selected children (modules, or the very
+    parameters), which keep their guarded sources."""
     born = BornModuleValue(
         parent.module[window], (operator.getitem, [parent, ConstantValue(window)], {})
     )
-    born.children = dict(zip(born.module._modules, children))
+    m = born.module
+    keys = m._parameters if isinstance(m, torch.nn.ParameterList) else m._modules
+    born.children = dict(zip(keys, children))
     return born
 
 

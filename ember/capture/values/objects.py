@@ -36,6 +36,11 @@ if TYPE_CHECKING:
     from ember.capture.translator import Translator
 
 
+_MODULE_GETATTR = torch.nn.Module.__getattr__
+"""Module's own fallback finds only parameters, buffers and submodules, which the module's
+value looks up itself; a subclass's override is inlined like any class's."""
+
+
 def _class_attribute(tx: Translator, owner: Value, cls: type, name: str, source) -> Value:
     """`owner.name` resolved on the class: methods bind, properties run, constants wrap."""
     if name == "__class__":  # the owner's type is pinned by its TYPE_MATCH / ID_MATCH guard
@@ -51,7 +56,7 @@ def _class_attribute(tx: Translator, owner: Value, cls: type, name: str, source)
             break
     else:
         fallback = getattr(cls, "__getattr__", None)
-        if isinstance(fallback, types.FunctionType) and not issubclass(cls, torch.nn.Module):
+        if isinstance(fallback, types.FunctionType) and fallback is not _MODULE_GETATTR:
             return UserFunctionValue(fallback).call(tx, [owner, ConstantValue(name)], {})
         raise MissingAttribute(f"{cls.__name__!r} object has no attribute {name!r}", cls)
     if isinstance(attr, types.FunctionType):
@@ -296,7 +301,7 @@ class ModuleValue(Value):
         return self.getattr(tx, name).call(tx, args, kwargs)
 
 
-_SLICEABLE = (torch.nn.Sequential, torch.nn.ModuleList)
+_SLICEABLE = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ParameterList)
 
 
 _TEXT_METHODS = {str: "__str__", repr: "__repr__", format: "__format__"}
@@ -615,6 +620,15 @@ class GradModeValue(Value):
     def exit(self, tx: Translator) -> Value:
         tx.set_grad_enabled(self.saved.pop())
         return ConstantValue(None)
+
+    def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        """`torch.no_grad()(fn)`: the decorator, on a function of the trace."""
+        from ember.capture.values.grad_decorated import GradModeDecoratedValue, decorates
+
+        if self.restore_to is None and not self.saved and len(args) == 1 and not kwargs:
+            if decorates(args[0]):
+                return GradModeDecoratedValue(self.enabled, args[0])
+        return super().call(tx, args, kwargs)
 
     def reconstruct(self, em: Emitter) -> None:
         """A context not entered (one a break hands on: `torch.no_grad()(fn)` decorating a

@@ -200,16 +200,38 @@ class TensorValue(Value):
 
     def _grad(self, tx: Translator) -> Value:
         """`p.grad` of a tensor from outside (an optimizer reading its parameters' gradients):
-        the gradient as it is now, a graph input (or None), guarded through `p.grad`. Within
-        one graph it cannot change: whatever sets it (backward, `p.grad = ...`,
-        `zero_grad()`) breaks the graph. A tensor made in the trace has no gradient the
-        capture could know: a break."""
+        the gradient as it is now, a graph input (or None), guarded through `p.grad`, or what
+        the trace assigned to it. Backward breaks the graph. A tensor made in the trace has
+        no gradient the capture could know: a break."""
+        assigned = tx.ctx.effects.load_attr(self, "grad")
+        if assigned is not None:
+            return assigned
         real = tx.ctx.builder.real_object(self) if self.source is not None else None
         if real is None:
             raise Unsupported(
                 BreakReason.UNSUPPORTED_ATTRIBUTE, f"reading .grad of {self.describe()}"
             )
         return tx.ctx.builder.wrap(real.grad, AttrSource(self.source, "grad"))
+
+    def setattr(self, tx: Translator, name: str, value: Value) -> None:
+        """`p.grad = None` (or a gradient of p's size, dtype and device, which is all that
+        eager accepts) on a tensor from outside: written after the graph, read back from
+        the ledger until then."""
+        if name != "grad" or self.source is None or not self._fits_as_grad(value):
+            return super().setattr(tx, name, value)
+        tx.ctx.effects.store_attr(self, name, value)
+
+    def _fits_as_grad(self, value: Value) -> bool:
+        if value.is_constant():
+            return value.as_constant() is None
+        mine, given = self.example, getattr(value, "example", None)
+        return (
+            isinstance(value, TensorValue)
+            and value.device == self.device
+            and given.dtype == mine.dtype
+            and given.shape == mine.shape
+            and given.layout == mine.layout
+        )
 
     def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
         member = getattr(torch.Tensor, name, None)
@@ -519,7 +541,7 @@ def wrap_result(
                 same = _returned_input(item, device, inputs)
                 items.append(same or TensorValue(sub, item, device))
             else:
-                items.append(ConstantValue(item))
+                items.append(ConstantValue(_free_of_tensors(node, item)))
         struct = type(result) if isinstance(result, tuple) and type(result) is not tuple else None
         if isinstance(result, list):
             from ember.capture.values.containers import ListValue
@@ -528,4 +550,15 @@ def wrap_result(
         return TupleValue(items, struct_type=struct)
     if result is not None:  # a None result is kept: the call was made for its effect
         tx.ctx.out.erase_node(node)
-    return ConstantValue(result)
+    return ConstantValue(_free_of_tensors(node, result))
+
+
+def _free_of_tensors(node: torch.fx.Node, value: Any) -> Any:
+    """A result kept as a constant must hold no tensor: the ones in a dict or a nested list
+    are the capture's meta examples, which the code after the graph would be handed."""
+    if any(isinstance(leaf, torch.Tensor) for leaf in tree_leaves(value)):
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_CALL,
+            f"{_op_name(node.target)} returns tensors inside a {type(value).__name__}",
+        )
+    return value
