@@ -280,3 +280,17 @@ def _scatter_sin(x, y):
 def test_scatters_repeat_and_new_factories_are_lowered(fn, args):
     (art,) = check(fn, *args)
     assert extern_ops(art) == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+def test_hardtanh_backward_is_lowered(dtype):
+    """ReLU6's backward (MobileNetV2's training step called it 35 times as aten): zero at
+    and outside the bounds, the gradient inside. (NaN: eager's answer depends on whether
+    the element falls in its vector loop or its scalar tail; ember gives the vector loop's.)"""
+    x = torch.tensor([-1.0, 0.0, 0.5, 6.0, 7.0, -float("inf"), float("inf"), 3.0], dtype=dtype)
+    x = torch.cat([x, torch.randn(40, dtype=dtype) * 4])
+    g = torch.randn(x.shape, dtype=dtype)
+    (art,) = check(lambda g, x: torch.ops.aten.hardtanh_backward(g, x, 0.0, 6.0), g, x)
+    assert extern_ops(art) == []
+    (art,) = check(lambda g, x: torch.ops.aten.hardtanh_backward(g, x, -1.0, 1.0) * 2, g, x)
+    assert extern_ops(art) == []

@@ -444,6 +444,21 @@ def _threshold_backward(ctx: LowerCtx, grad, x, threshold) -> LazyValue:
     return pointwise(ctx, fn, [grad, x])
 
 
+@register(aten.hardtanh_backward.default)
+def _hardtanh_backward(ctx: LowerCtx, grad, x, lo, hi) -> LazyValue:
+    """ReLU6's (hardtanh's) backward: the gradient where lo < input < hi, else 0. A NaN
+    input gets 0, as in eager's vector loop (its scalar tail passes the gradient: eager's
+    answer for NaN depends on the element's position)."""
+
+    def fn(g, a):
+        inside = bin_(
+            B.LOGICAL_AND, bin_(B.GT, a, const(lo, a.dtype)), bin_(B.LT, a, const(hi, a.dtype))
+        )
+        return where(inside, g, const(0, g.dtype))
+
+    return pointwise(ctx, fn, [grad, x])
+
+
 @register(aten.threshold.default)
 def _threshold(ctx: LowerCtx, x, threshold, value) -> LazyValue:
     def fn(a):
