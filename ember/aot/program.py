@@ -113,9 +113,10 @@ class Program:
     mutated: list[int]  # flat input indices whose final value trails the graph outputs
     num_graph_outputs: int  # user-visible graph outputs (before mutations)
     extra: dict[str, Any] = field(default_factory=dict)
-    bumps: list[int] = field(default_factory=list)
-    """Per mutated input, how far eager's in-place ops move its version counter (one per
-    op; none through `.data`, whose counter is its own)."""
+    uneven_bumps: list[tuple[int, int]] = field(default_factory=list)
+    """(flat input index, how far eager's in-place ops move its version counter) for the
+    mutated inputs whose counter does not move by exactly the copy-back's one (several
+    in-place ops; none through `.data`, whose counter is its own)."""
 
     @property
     def device(self) -> torch.device:
@@ -310,7 +311,8 @@ def run_forward(
             hint="register the tensor as a buffer or pass it as an input",
         )
     program.mutated = [i for i, f in enumerate(fakes) if id(f) in mutated_roots]
-    program.bumps = [_version(fakes[i]) - versions[i] for i in program.mutated]
+    bumps = [(i, _version(fakes[i]) - versions[i]) for i in program.mutated]
+    program.uneven_bumps = [(i, b) for i, b in bumps if b != 1]
     return graph_outs
 
 
@@ -377,17 +379,16 @@ def apply_mutations(program: Program, flat: Sequence[torch.Tensor], outs: Sequen
     if not program.mutated:
         return
     base = len(outs) - len(program.mutated)
-    targets = [flat[i] for i in program.mutated]
     # the copy moves a version counter by one; an input that outer autograd saved must
     # fail its version check as in eager: no sooner (a `.data` write), no later (several
     # in-place ops). Inference tensors have no counter.
-    odd = [
-        (t, t._version + b)
-        for t, b in zip(targets, program.bumps, strict=True)
-        if b != 1 and not t.is_inference()
+    uneven = [
+        (flat[i], flat[i]._version + b)
+        for i, b in program.uneven_bumps
+        if not flat[i].is_inference()
     ]
     with torch.no_grad():
-        for j, t in enumerate(targets):
-            t.copy_(outs[base + j])
-    if odd:
-        torch_compat.set_version_counters(*map(list, zip(*odd, strict=True)))
+        for j, i in enumerate(program.mutated):
+            flat[i].copy_(outs[base + j])
+    if uneven:
+        torch_compat.set_version_counters(*map(list, zip(*uneven, strict=True)))

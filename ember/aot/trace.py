@@ -479,15 +479,22 @@ class Tracer:
         return fx.GraphModule(root, self.graph)
 
 
+def _bound(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """An op's arguments by their schema names, in schema order (every one given: the
+    batch-norm ops these rules serve have no defaults)."""
+    names = [a.name for a in func._schema.arguments]
+    given = dict(zip(names, args, strict=False)) | kwargs
+    return {n: given[n] for n in names}
+
+
 def _native_batch_norm(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -> Any:
     """native_batch_norm writes running stats without saying so in its schema."""
-    names = [a.name for a in func._schema.arguments]
-    bound = dict(zip(names, args, strict=False)) | kwargs
+    bound = _bound(func, args, kwargs)
     if not bound.get("training") or bound.get("running_mean") is None:
         return NotImplemented
     out = tracer._on_meta(func, args, kwargs)
     fvar = aten._native_batch_norm_legit_functional.default
-    f_args = tuple(bound[n] for n in names)
+    f_args = tuple(bound.values())
     f_val = tracer._on_meta(fvar, f_args, {})
     node = tracer.emit(fvar, tracer._record(f_args), {}, f_val)
     nodes = tracer._items(node, f_val)
@@ -503,12 +510,11 @@ def _batch_norm_backward(tracer: Tracer, func: Any, args: tuple, kwargs: dict) -
     autograd hands it the running statistics too (after the forward's update): recorded as
     they come, the partitioner would save two more tensors per batch norm for a backward
     that never reads them. They are recorded as None, which the op accepts."""
-    names = [a.name for a in func._schema.arguments]
-    bound = dict(zip(names, args, strict=False)) | kwargs
+    bound = _bound(func, args, kwargs)
     if not bound.get("train") or bound.get("running_mean") is None:
         return NotImplemented
     bound |= {"running_mean": None, "running_var": None}
-    return tracer.dispatch(func, tuple(bound[n] for n in names), {})
+    return tracer.dispatch(func, tuple(bound.values()), {})
 
 
 def _device_position(func: Any) -> int | None:

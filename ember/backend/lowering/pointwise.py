@@ -525,6 +525,16 @@ def _cat(ctx: LowerCtx, tensors, dim: int = 0) -> LazyValue:
     return LazyValue(size, out, load)
 
 
+def in_range(pos: sympy.Expr, lo: int, hi: int) -> Expr:
+    """lo <= pos < hi, for an index position (where a padded or scattered piece lies)."""
+    at = ir.IndexValue(pos, DType.I64)
+    return bin_(
+        B.LOGICAL_AND,
+        un(U.LOGICAL_NOT, bin_(B.LT, at, const(lo, DType.I64))),
+        bin_(B.LT, at, const(hi, DType.I64)),
+    )
+
+
 def masked(e: Expr, masks: tuple[ir.Mask, ...]) -> Expr:
     """`e` with every load masked by `masks` as well (read only where they all hold)."""
     if not masks:
@@ -558,12 +568,7 @@ def _constant_pad_nd(ctx: LowerCtx, x: Value, pad, value: float = 0.0) -> LazyVa
             if lo == 0 and hi == size[d]:
                 continue  # cropped or untouched: every position reads x
             masks.append(ir.Mask(idx[d], lo, hi))
-            pos = ir.IndexValue(idx[d], DType.I64)
-            cond = bin_(
-                B.LOGICAL_AND,
-                un(U.LOGICAL_NOT, bin_(B.LT, pos, const(lo, DType.I64))),
-                bin_(B.LT, pos, const(hi, DType.I64)),
-            )
+            cond = in_range(idx[d], lo, hi)
             inside = cond if inside is None else bin_(B.LOGICAL_AND, inside, cond)
         e = masked(cast(x.load(sub), out), tuple(masks))
         return e if inside is None else where(inside, e, const(value, out))

@@ -20,9 +20,8 @@ import torch
 
 from ember.backend import indexing
 from ember.backend.ir import nodes as ir
-from ember.backend.ir.nodes import BinaryOp as B
 from ember.backend.ir.nodes import DType, Expr
-from ember.backend.lowering.pointwise import bin_, const, masked, where
+from ember.backend.lowering.pointwise import in_range, masked, where
 from ember.backend.lowering.registry import LowerCtx, NotLowered, register
 from ember.backend.lowering.values import LazyValue, Value, cast
 
@@ -48,13 +47,7 @@ def _placed(
     def load(idx: list[sympy.Expr]) -> Expr:
         pos = idx[d]
         inside = masked(cast(piece.load(piece_index(idx)), out), (ir.Mask(pos, lo, hi),))
-        at = ir.IndexValue(pos, DType.I64)
-        cond = bin_(
-            B.LOGICAL_AND,
-            bin_(B.LE, const(lo, DType.I64), at),
-            bin_(B.LT, at, const(hi, DType.I64)),
-        )
-        return where(cond, inside, cast(base.load(idx), out))
+        return where(in_range(pos, lo, hi), inside, cast(base.load(idx), out))
 
     return LazyValue(size, out, load)
 
