@@ -151,6 +151,26 @@ def test_aliased_inputs_rejected_clearly():
         fn(base, base.view(2, 2))
 
 
+def test_each_mutated_input_checked_against_inputs_before_and_after_it():
+    """The one-pass check finds a clash whichever side the mutated input is on, and two
+    mutated inputs sharing memory."""
+
+    def f(a, b, c):
+        b.add_(1)
+        c.mul_(2)
+        return (a + 1,)
+
+    fresh = [torch.randn(4), torch.randn(4), torch.randn(4)]
+    fn = aot_eager(fx.symbolic_trace(f), _clone(fresh))
+    base = torch.randn(4)
+    for args in ([base, base.view(4), torch.randn(4)], [torch.randn(4), base, base[:2]]):
+        with pytest.raises(TraceError, match="shares memory"):
+            fn(*args)
+    a, b, c = _clone(fresh)
+    fn(a, b, c)
+    torch.testing.assert_close((b, c), (fresh[1] + 1, fresh[2] * 2))
+
+
 def test_aliased_inputs_that_are_only_read_are_fine():
     def f(x, y):
         return (x * 2 + y.view(-1),)
