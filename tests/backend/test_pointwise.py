@@ -38,9 +38,11 @@ def unary_all(x):
     )
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str
+)
 def test_unary_ops_with_special_values(dtype):
-    tol = {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {}
+    tol = {"atol": 2e-2, "rtol": 2e-2} if dtype in (torch.bfloat16, torch.float16) else {}
     check(unary_all, _floats(dtype), **tol)
 
 
@@ -142,16 +144,23 @@ def test_dtype_conversions():
         return x.to(torch.int64), x.to(torch.bfloat16), x.to(torch.float64), x.to(torch.bool)
 
     check(f, x)
+    # float16 both ways: round to nearest even, overflow to inf, subnormals kept
+    y = torch.cat([x * 1000, torch.tensor([65504.0, 65520.0, 1e-7, 3e-8, float("nan")])])
+    (art,) = check(lambda y: (y.half(), y.half().float() * 2, y.half().to(torch.bfloat16)), y)
+    assert extern_ops(art) == []
 
 
-def test_bfloat16_inputs_compute_in_float():
-    a = torch.randn(40, 17).bfloat16()
-    b = torch.randn(17).bfloat16()
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_half_inputs_compute_in_float(dtype):
+    a = torch.randn(40, 17).to(dtype)
+    b = torch.randn(17).to(dtype)
 
     def f(a, b):
         return torch.nn.functional.gelu(a * b + 1), torch.softmax(a, -1)
 
-    check(f, a, b, atol=1e-2, rtol=1e-2)
+    (art,) = check(f, a, b, atol=1e-2, rtol=1e-2)
+    assert extern_ops(art) == []  # kernels of their own, not aten
+    assert ("ember_f16" if dtype == torch.float16 else "ember_bf16") in art.cpp
 
 
 def test_pointwise_chain_is_one_kernel():
@@ -190,7 +199,9 @@ def test_gelu_backward_is_one_fused_kernel(approximate, dtype):
     assert "gelu_backward" not in backward.wrapper and kernel_count(backward) == 1
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str
+)
 @pytest.mark.parametrize("dim", [0, 1, -1])
 def test_cat_is_one_kernel_with_its_pointwise_producers(dim, dtype):
     def f(a, b, c):
@@ -282,7 +293,9 @@ def test_scatters_repeat_and_new_factories_are_lowered(fn, args):
     assert extern_ops(art) == []
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str
+)
 def test_hardtanh_backward_is_lowered(dtype):
     """ReLU6's backward (MobileNetV2's training step called it 35 times as aten): zero at
     and outside the bounds, the gradient inside. (NaN: eager's answer depends on whether

@@ -113,7 +113,7 @@ def test_softmax_over_leading_dim():
     check(lambda x: torch.softmax(x, 0), torch.randn(33, 20))
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.int64])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16, torch.int64])
 def test_other_dtypes(dtype):
     x = (torch.randn(6, 10) * 10).to(dtype)
 
@@ -123,7 +123,7 @@ def test_other_dtypes(dtype):
             out += [x.mean(-1), torch.softmax(x, 0), torch.nn.functional.layer_norm(x, (10,))]
         return out
 
-    tol = {"atol": 5e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {}
+    tol = {"atol": 5e-2, "rtol": 2e-2} if dtype in (torch.bfloat16, torch.float16) else {}
     check(f, x, **tol)
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.triton.helpers import check, kernel_count
+from tests.triton.helpers import check, extern_ops, kernel_count
 
 SPECIAL = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 2.5, -2.5, 0.5])
 
@@ -65,10 +65,10 @@ def binary_ops(x, y):
     )
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
 def test_unary_with_nan_and_inf(dtype):
-    # bfloat16: torch's default tolerance (one bfloat16 step; each library rounds its own)
-    tol = {} if dtype == torch.bfloat16 else {"atol": 2e-6, "rtol": 2e-5}
+    # 16-bit floats: torch's default tolerance (one step; each library rounds its own)
+    tol = {} if dtype in (torch.bfloat16, torch.float16) else {"atol": 2e-6, "rtol": 2e-5}
     arts = check(unary_ops, _floats(4, 9, dtype=dtype), **tol)
     assert kernel_count(arts[0]) == 1  # every output of one pointwise space: one kernel
 
@@ -79,9 +79,19 @@ def test_binary_broadcasting_nan_inf():
     check(binary_ops, x, y, atol=1e-6, rtol=1e-5)
 
 
-def test_bfloat16_computes_in_float32():
-    x, y = _floats(6, 10, dtype=torch.bfloat16), _floats(10, dtype=torch.bfloat16)
-    check(lambda a, b: (a * b + a.exp()).tanh() - b, x, y)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_half_computes_in_float32(dtype):
+    x, y = _floats(6, 10, dtype=dtype), _floats(10, dtype=dtype)
+    arts = check(lambda a, b: (a * b + a.exp()).tanh() - b, x, y)
+    assert kernel_count(arts[0]) == 1 and not extern_ops(arts[0])
+
+
+def test_float16_conversions_round_to_nearest_even():
+    """Stores and casts to float16 round as eager does: ties to even, overflow to inf,
+    subnormals kept; values come back to float32 exactly."""
+    x = torch.cat([torch.randn(40) * 1000, torch.tensor([65504.0, 65520.0, 1e-7, 3e-8, 2049.0])])
+    arts = check(lambda x: (x.half(), (x.half().float() * 3).half(), x.half() + 1), x)
+    assert not extern_ops(arts[0])
 
 
 def test_integers_and_bools():

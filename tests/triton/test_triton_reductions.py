@@ -41,6 +41,7 @@ def test_integer_and_bfloat16_and_empty():
     e = torch.randn(3, 0)
     check(lambda i: (i.sum(1), i.amax(0), i.amin(1), i.prod(0)), i)
     check(lambda b: (b.sum(-1), b.amax(-1), b.mean(0)), b, atol=1e-2, rtol=1e-2)
+    check(lambda h: (h.sum(-1), h.amax(-1), h.mean(0)), b.half(), atol=1e-2, rtol=1e-2)
     check(lambda e: (e.sum(1), e.prod(1), e.mean(0)), e)
 
 

@@ -28,13 +28,16 @@ VALUE_T = {
     DType.F32: "float",
     DType.F64: "double",
     DType.BF16: "float",
+    DType.F16: "float",
     DType.I64: "int64_t",
     DType.I32: "int32_t",
     DType.I8: "int8_t",
     DType.U8: "uint8_t",
     DType.BOOL: "bool",
 }
-STORAGE_T = {**VALUE_T, DType.BF16: "ember_bf16"}
+STORAGE_T = {**VALUE_T, DType.BF16: "ember_bf16", DType.F16: "ember_f16"}
+
+_SUFFIX = {DType.BF16: "bf16", DType.F16: "f16"}  # the prelude's conversion functions
 
 _FLOAT_FN = {  # op -> (float spelling, double spelling)
     U.EXP: ("ember_expf({})", "__builtin_exp({})"),
@@ -119,8 +122,8 @@ def _binary(op: B, a: str, b: str, src: DType) -> str:
 
 
 def _cast(x: str, src: DType, dst: DType) -> str:
-    if dst == DType.BF16:
-        return f"ember_round_bf16((float)({x}))"
+    if dst.is_half:
+        return f"ember_round_{_SUFFIX[dst]}((float)({x}))"
     if dst == DType.BOOL:
         return f"({x} != 0)"
     return f"(({VALUE_T[dst]})({x}))"
@@ -154,7 +157,7 @@ class BodyPrinter:
     def _text(self, e: ir.Expr) -> str:
         if isinstance(e, ir.Load):
             ref = f"{e.buffer}[{indexing.to_c(e.index)}]"
-            ref = f"ember_bf16_to_f32({ref})" if e.dtype == DType.BF16 else ref
+            ref = f"ember_{_SUFFIX[e.dtype]}_to_f32({ref})" if e.dtype.is_half else ref
             if not e.mask:
                 return ref
             inside = " && ".join(
@@ -177,7 +180,7 @@ class BodyPrinter:
 
 
 def store_c(buf: str, index, value: str, dtype: DType) -> str:
-    v = f"ember_f32_to_bf16({value})" if dtype == DType.BF16 else value
+    v = f"ember_f32_to_{_SUFFIX[dtype]}({value})" if dtype.is_half else value
     return f"{buf}[{indexing.to_c(index)}] = {v};"
 
 

@@ -95,8 +95,8 @@ def plan_str(plan: KernelPlan) -> str:
 
 
 def acc_type(n: ir.Reduction) -> DType:
-    """The dtype a reduction accumulates in (bfloat16 sums in float, as eager does)."""
-    return DType.F32 if n.dtype == DType.BF16 else n.dtype
+    """The dtype a reduction accumulates in (16-bit floats sum in float, as eager does)."""
+    return n.dtype.computed_as
 
 
 def identity(kind: ReductionType, dtype: DType) -> float | int | bool:

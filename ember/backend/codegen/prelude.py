@@ -23,6 +23,34 @@ static inline ember_bf16 ember_f32_to_bf16(float f) {
   return (ember_bf16)(f != f ? ((u >> 16) | 0x40u) : r);
 }
 static inline float ember_round_bf16(float f) { return ember_bf16_to_f32(ember_f32_to_bf16(f)); }
+// float16 through the compiler's _Float16 (IEEE conversions, round to nearest even): an
+// instruction where the target has F16C (x86-64-v3 and up), libgcc's routine below that.
+// Compilers without _Float16 (g++ < 12) get the same conversions by bits.
+#ifdef __FLT16_MAX__
+typedef _Float16 ember_f16;
+static inline float ember_f16_to_f32(ember_f16 h) { return (float)h; }
+static inline ember_f16 ember_f32_to_f16(float f) { return (ember_f16)f; }
+#else
+typedef uint16_t ember_f16;
+static inline float ember_f16_to_f32(ember_f16 h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0x1fu) return ember_bits_f(sign | 0x7f800000u | (m << 13));  // inf, NaN
+  if (e == 0u) return (sign ? -0x1p-24f : 0x1p-24f) * (float)m;  // zero, subnormal: exact
+  return ember_bits_f(sign | ((e + 112u) << 23) | (m << 13));
+}
+static inline ember_f16 ember_f32_to_f16(float f) {
+  uint32_t u = ember_f_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return (ember_f16)(sign | 0x7e00u);  // NaN
+  if (a >= 0x477ff000u) return (ember_f16)(sign | 0x7c00u);  // 65520 and up round to inf
+  if (a < 0x38800000u) {  // under 2^-14: a multiple of 2^-24, rounded to nearest even
+    float units = (ember_bits_f(a) * 0x1p24f + 0x1p23f) - 0x1p23f;
+    return (ember_f16)(sign | (uint32_t)units);
+  }
+  uint32_t r = a + 0xfffu + ((a >> 13) & 1u);  // ties to even at the 13 dropped bits
+  return (ember_f16)(sign | ((r - 0x38000000u) >> 13));
+}
+#endif
+static inline float ember_round_f16(float f) { return ember_f16_to_f32(ember_f32_to_f16(f)); }
 
 #define EMBER_NAN_MAXMIN(T)                                                  \
   static inline T ember_max(T a, T b) {                                      \

@@ -105,6 +105,7 @@ TL = {
     DType.F32: "tl.float32",
     DType.F64: "tl.float64",
     DType.BF16: "tl.float32",  # computed in float32, rounded at stores and casts
+    DType.F16: "tl.float32",
     DType.I64: "tl.int64",
     DType.I32: "tl.int32",
     DType.I8: "tl.int8",
@@ -215,6 +216,8 @@ def _binary(op: B, a: str, b: str, src: DType, d: DType) -> str:
 def _cast(x: str, src: DType, dst: DType) -> str:
     if dst == DType.BF16:  # rounded by bits: Triton's interpreter truncates
         return f"_round_bf16({x}.to(tl.float32))"
+    if dst == DType.F16:  # Triton's own conversion rounds to nearest even, interpreter too
+        return f"{x}.to(tl.float32).to(tl.float16).to(tl.float32)"
     if dst == DType.BOOL:
         return f"({x} != 0)"
     return f"{x}.to({TL[dst]})"
@@ -246,7 +249,9 @@ class _Body:
                 v = index(m.value)
                 mask += f" & ({index(m.lo)} <= {v}) & ({v} < {index(m.hi)})"
             text = f"tl.load({e.buffer} + {self.out.offset(e.index)}, {mask}, other=0)"
-            return f"_from_bf16({text})" if e.dtype == DType.BF16 else text
+            if e.dtype == DType.BF16:
+                return f"_from_bf16({text})"
+            return f"{text}.to(tl.float32)" if e.dtype == DType.F16 else text
         if isinstance(e, ir.IndexValue):
             return f"{self.out.offset(e.index)}.to({TL[e.dtype]})"
         if isinstance(e, ir.Unary):
@@ -514,13 +519,13 @@ def _reduce_rows(tile: str, kind: ReductionType, dtype: DType) -> str:
 
 
 def _as(v: str, src: DType, dst: DType) -> str:
-    return v if src == dst or (src == DType.BF16 and dst == DType.F32) else f"{v}.to({TL[dst]})"
+    return v if src == dst or (src.is_half and dst == DType.F32) else f"{v}.to({TL[dst]})"
 
 
 def _stored(v: str, d: DType) -> str:
     if d == DType.BF16:
         return f"_to_bf16({v})"
-    return f"{v}.to({TL[d]})"
+    return f"{v}.to(tl.float16)" if d == DType.F16 else f"{v}.to({TL[d]})"
 
 
 def _unflatten(flat: str, names, ranges) -> list[tuple[str, str]]:

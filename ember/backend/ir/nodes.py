@@ -22,6 +22,7 @@ class DType(enum.Enum):
     F32 = "float32"
     F64 = "float64"
     BF16 = "bfloat16"
+    F16 = "float16"
     I64 = "int64"
     I32 = "int32"
     I8 = "int8"
@@ -34,7 +35,18 @@ class DType(enum.Enum):
 
     @property
     def is_float(self) -> bool:
-        return self in (DType.F32, DType.F64, DType.BF16)
+        return self in (DType.F32, DType.F64, DType.BF16, DType.F16)
+
+    @property
+    def is_half(self) -> bool:
+        """A 16-bit float: stored in 16 bits, computed in float32 (as eager's kernels do),
+        rounded wherever eager would store it."""
+        return self in (DType.BF16, DType.F16)
+
+    @property
+    def computed_as(self) -> DType:
+        """The type arithmetic on this type happens in (float32 for the 16-bit floats)."""
+        return DType.F32 if self.is_half else self
 
     @property
     def itemsize(self) -> int:
@@ -228,7 +240,7 @@ class Where:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Cast:
-    """Convert to `dtype` (a cast to BF16 rounds, as storing to bfloat16 would)."""
+    """Convert to `dtype` (a cast to a 16-bit float rounds, as storing it would)."""
 
     x: Expr
     dtype: DType

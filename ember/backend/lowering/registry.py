@@ -60,5 +60,5 @@ def register(*ops: Any) -> Callable[[Lowering], Lowering]:
 
 
 def opmath(d: DType) -> DType:
-    """The type arithmetic happens in (as in eager: bfloat16 computes in float)."""
-    return DType.F32 if d == DType.BF16 else d
+    """The type arithmetic happens in (as in eager: 16-bit floats compute in float)."""
+    return d.computed_as

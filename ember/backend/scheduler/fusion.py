@@ -262,7 +262,7 @@ class _Builder:
     def build(self, name: str, keep: set[str], readers_in: dict[str, set[int]]) -> Kernel:
         """Freeze; a buffer is local if only this kernel reads it, in a way registers serve:
         a reduction's result, a value read only in its own loop, or one made once per outer
-        point (a loop without inner ranges; bfloat16 aside, whose stores round) that later
+        point (a loop without inner ranges; 16-bit floats aside, whose stores round) that later
         loops read (a batch norm's per-channel scale and shift)."""
         local = set()
         for buf, li in self.where.items():
@@ -270,7 +270,7 @@ class _Builder:
                 continue
             loops_reading = readers_in.get(buf, set())
             prod = self.produced[buf]
-            once = not self.loops[li][0] and prod.dtype != ir.DType.BF16
+            once = not self.loops[li][0] and not prod.dtype.is_half
             if isinstance(prod, ir.Reduction) or loops_reading <= {li} or once:
                 local.add(buf)
         loops = tuple(Loop(tuple(i), tuple(ns)) for i, ns in self.loops)
