@@ -253,7 +253,10 @@ def _positive_factor(f: sympy.Expr) -> bool:
 
 
 def _recombine(expr: sympy.Expr) -> sympy.Expr:
-    """k*d*(a / d) + k*(a % d) -> k*a, the two halves of an index split and joined again."""
+    """k*d*(a / d) + k*(a % d) -> k*a, the two halves of an index split and joined again;
+    and k*d*((a / d) % e) + k*(a % d) -> k*(a % (d*e)), two middle pieces of one split (a
+    flat index over (N, H, W) read from a channels-last tensor: its n, h and w, each times
+    its stride, join back into one term this way, then the first rule)."""
     terms = list(sympy.Add.make_args(expr))
     for i, t in enumerate(terms):
         k, f = t.as_coeff_Mul()
@@ -262,9 +265,13 @@ def _recombine(expr: sympy.Expr) -> sympy.Expr:
         a, d = f.args
         for j, u in enumerate(terms):
             kj, g = u.as_coeff_Mul()
-            if j != i and g == FloorDiv(a, d) and kj == k * d:
-                rest = [x for n, x in enumerate(terms) if n not in (i, j)]
+            if j == i or kj != k * d:
+                continue
+            rest = [x for n, x in enumerate(terms) if n not in (i, j)]
+            if g == FloorDiv(a, d):
                 return _recombine(sympy.Add(*rest, k * a))
+            if isinstance(g, ModIdx) and g.args[0] == FloorDiv(a, d):
+                return _recombine(sympy.Add(*rest, k * ModIdx(a, d * g.args[1])))
     return expr
 
 

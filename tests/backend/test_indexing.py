@@ -62,6 +62,26 @@ def test_floordiv_and_mod_rules(c, d_mult, r0, r1):
         _same(expr, ranges)
 
 
+@settings(max_examples=60, deadline=None)
+@given(outer=st.lists(st.integers(1, 6), min_size=2, max_size=3), c=st.integers(1, 9))
+def test_channels_last_row_view_is_one_offset(outer, c):
+    """A flat row index over (N, *spatial) read from a channels-last tensor: the pieces of
+    the split, each times its stride, join back into `row * C + channel` (batch norm's
+    per-channel sums of a channels-last input read memory in order this way)."""
+    rows = 1
+    for s in outer:
+        rows *= s
+    ranges = {x0: rows, x1: c}
+    n, *spatial = indexing.unflatten(x0, outer)
+    inner = 1
+    strides = []
+    for s in reversed(outer[1:]):
+        strides.insert(0, inner * c)
+        inner *= s
+    expr = indexing.strided([n, x1, *spatial], [inner * c, 1, *strides])
+    assert not _same(expr, ranges).has(FloorDiv, ModIdx)
+
+
 def test_c_printing():
     assert indexing.to_c(3 * x0 + FloorDiv(x1, 4)) in ("((3*x0) + (x1 / 4))", "((x1 / 4) + (3*x0))")
     assert indexing.to_c(ModIdx(x2, 5)) == "(x2 % 5)"

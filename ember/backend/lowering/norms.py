@@ -24,7 +24,7 @@ from typing import Any
 import sympy
 import torch
 
-from ember.backend.indexing import FloorDiv
+from ember.backend.indexing import FloorDiv, unflatten
 from ember.backend.ir.nodes import BinaryOp as B
 from ember.backend.ir.nodes import DType, Expr, ReductionType
 from ember.backend.ir.nodes import UnaryOp as U
@@ -91,12 +91,20 @@ class _Channels:
         return self.ctx.builder.realize(self.value(fn))
 
     def sum(self, fn: Callable[[list], Expr]) -> Value:
-        """Per-channel sum over (N, spatial) of fn(element index). Not for channels-last
-        inputs: the reduction planner makes that one strided pass over the whole tensor per
-        channel (slower than eager's kernel, see notes/backend.md), so aten runs those."""
+        """Per-channel sum over (N, spatial) of fn(element index). A channels-last input is
+        summed as its (N * spatial, C) view, a column reduction that reads memory in order
+        (indexing's recombination turns the view's index back into one flat offset); over
+        the NCHW dims the planner would make one strided pass over the tensor per channel."""
         x = self.x
         if isinstance(x, BufferValue) and len(x.size) > 2 and x.layout.stride[1] == 1:
-            raise NotLowered("per-channel statistics of a channels-last tensor")
+            outer = [x.size[d] for d in self.dims]
+
+            def by_row(idx):
+                n, *spatial = unflatten(idx[0], outer)
+                return fn([n, idx[1], *spatial])
+
+            body = LazyValue((self.n, self.c), self.comp, by_row)
+            return reduce(self.ctx, body, [0], ReductionType.SUM, False, (self.c,), self.comp)
         body = LazyValue(self.x.size, self.comp, fn)
         return reduce(self.ctx, body, self.dims, ReductionType.SUM, False, (self.c,), self.comp)
 
