@@ -4,7 +4,7 @@ A graph whose tensors live on one CUDA device is compiled to Triton kernels (GEM
 convolutions stay aten library calls); graphs on several devices run as their aten ops
 (`ember.backend.compile.placement`). This script checks that end to end against eager on
 the device (inference, a training step with its gradients and updated parameters, dropout's
-mask between forward and backward, bfloat16, a graph break, a copy from the CPU inside the
+mask between forward and backward, bfloat16 and float16, a graph break, a copy from the CPU inside the
 compiled code) and times eager, ember.compile and torch.compile (Inductor, Triton) per call.
 Then it prints a table per workload: eager, ember (default, reduce-overhead: CUDA graphs,
 max-autotune: autotuned kernels and CUDA graphs), Inductor (default and reduce-overhead),
@@ -134,6 +134,8 @@ def check_bf16_break_and_transfer(dev: torch.device) -> None:
     xin = torch.randn(16, 1024, device=dev, dtype=torch.bfloat16)
     with torch.no_grad():
         close(ember.compile(model)(xin), model(xin), "bfloat16 MLP", 2e-2)
+        half = MLP().to(dev, torch.float16).eval()
+        close(ember.compile(half)(xin.half()), half(xin.half()), "float16 MLP", 2e-2)
 
     seen = []
 
