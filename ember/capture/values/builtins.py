@@ -242,6 +242,10 @@ def _callable(tx, args, kwargs):
 
 @handles(type)
 def _type(tx, args, kwargs):
+    if len(args) == 3 and not kwargs:
+        from ember.capture.values.made_classes import make_type
+
+        return make_type(tx, args)
     if len(args) != 1:
         raise Unsupported(BreakReason.UNSUPPORTED_CALL, "type() with three arguments")
     return _const(tx, args[0].python_type())

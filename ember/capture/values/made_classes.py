@@ -12,12 +12,15 @@ are of that class, not of the one made while capturing.
 from __future__ import annotations
 
 import collections
+import types
 from typing import TYPE_CHECKING, Any
 
 from ember.capture.values.base import ConstantValue, Value
 from ember.capture.values.builtins import handles
 from ember.capture.values.classes import ClassValue
-from ember.capture.values.containers import TupleValue, iterator_over
+from ember.capture.values.containers import DictValue, TupleValue, iterator_over
+from ember.capture.values.functions import NestedFunctionValue, UserFunctionValue
+from ember.capture.values.objects import UserObjectValue
 from ember.errors import BreakReason, Unsupported
 
 if TYPE_CHECKING:
@@ -36,6 +39,10 @@ class MadeClassValue(ClassValue):
         self.factory = factory
         self.args = args
         self.kwargs = kwargs
+        self.namespace: dict[str, Value] = {}
+        """`type(name, bases, ns)`: the namespace's values as the trace had them (a function
+        made in the trace is read back as that value, not as the real function made for
+        the class while capturing)."""
         self.written: dict[str, Value] = {}
         """Class attributes the trace set (`P.scale = 3`): set again on the class made
         after the graph, which is the only one the caller sees."""
@@ -54,6 +61,8 @@ class MadeClassValue(ClassValue):
     def getattr(self, tx: Translator, name: str) -> Value:
         if name in self.written:
             return self.written[name]
+        if name in self.namespace:
+            return self.namespace[name]
         return super().getattr(tx, name)
 
     def setattr(self, tx: Translator, name: str, value: Value) -> None:
@@ -67,6 +76,8 @@ class MadeClassValue(ClassValue):
     def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
         result = super().call(tx, args, kwargs)
         if isinstance(result, TupleValue) and result.struct_type is self.cls:
+            result.made_class = self
+        if isinstance(result, UserObjectValue) and result.cls is self.cls:
             result.made_class = self
         return result
 
@@ -129,3 +140,60 @@ def _tuple_new(tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> V
     if isinstance(args[0], MadeClassValue):
         result.made_class = args[0]
     return result
+
+
+def make_type(tx: Translator, args: list[Value]) -> Value:
+    """`type(name, bases, namespace)` with a constant name, bases whose metaclass is `type`
+    and none with a Python `__init_subclass__` (it would run while capturing), and a
+    namespace of constants and functions without closures (made into real functions for
+    the class made while capturing)."""
+    name, bases, ns = args
+    if not (name.is_constant() and isinstance(name.as_constant(), str)):
+        raise Unsupported(BreakReason.UNSUPPORTED_CALL, "type() with a name not a constant")
+    if not isinstance(bases, TupleValue) or not all(isinstance(b, ClassValue) for b in bases.items):
+        raise Unsupported(BreakReason.UNSUPPORTED_CALL, "type() with bases that are not classes")
+    real_bases = tuple(b.as_constant() for b in bases.items)
+    for base in real_bases:
+        if type(base) is not type or any(
+            "__init_subclass__" in k.__dict__ for k in base.__mro__ if k is not object
+        ):
+            raise Unsupported(
+                BreakReason.UNSUPPORTED_CALL,
+                f"type() with base {base.__qualname__} (a metaclass or __init_subclass__)",
+            )
+    if not isinstance(ns, DictValue) or not all(type(k) is str for k in ns.items):
+        raise Unsupported(BreakReason.UNSUPPORTED_CALL, "type() with a namespace not a dict")
+    plain = {k: _namespace_entry(v) for k, v in ns.items.items()}
+    plain.setdefault("__module__", tx.f_globals.get("__name__", "__main__"))
+    cls = type(name.as_constant(), real_bases, plain)
+    snapshot = DictValue(dict(ns.items))  # later writes to the dict do not reach the class
+    value = _made(tx, cls, type, [name, bases, snapshot], {})
+    value.namespace = {k: v for k, v in ns.items.items() if not v.is_constant()}
+    return value
+
+
+def _namespace_entry(value: Value) -> Any:
+    if value.is_constant():
+        return value.as_constant()
+    if isinstance(value, UserFunctionValue):
+        return value.fn
+    if (
+        isinstance(value, NestedFunctionValue)
+        and not value.closure
+        and all(v.is_constant() for v in [*value.defaults, *value.kwdefaults.values()])
+        and not value.written
+        and value.namespace is None
+        and value.annotations is None
+    ):
+        fn = types.FunctionType(
+            value.code,
+            value.f_globals,
+            value.code.co_name,
+            tuple(v.as_constant() for v in value.defaults) or None,
+        )
+        fn.__qualname__ = value.qualname
+        fn.__kwdefaults__ = {k: v.as_constant() for k, v in value.kwdefaults.items()} or None
+        return fn
+    raise Unsupported(
+        BreakReason.UNSUPPORTED_CALL, f"type() with a namespace holding {value.describe()}"
+    )
