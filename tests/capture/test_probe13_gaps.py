@@ -9,7 +9,7 @@ import typing
 
 import pytest
 import torch
-from fidelity_harness import check, tensors
+from fidelity_harness import check, leaf_tensors, tensors, train_check
 
 import ember
 
@@ -317,3 +317,90 @@ def p_del_set_del_again(x):
 def test_attribute_deleted_set_and_deleted_again():
     counts = check(p_del_set_del_again, tensors((4,)), state=_outside_state, reset=_reset_outside)
     assert (counts.graphs, counts.breaks) == (1, 0)
+
+
+# tensor.register_hook(fn) on a tensor the graph computes: a break; now a graph node that
+# registers the traced hook when the graph runs (Dynamo: 1 graph)
+
+
+def p_hook_scales_the_gradient(x):
+    y = x * 2
+    y.register_hook(lambda g: g * 3)
+    return y.sin().sum()
+
+
+def p_hook_returning_none(x):
+    y = x * 2
+    y.register_hook(lambda g: None)
+    return y.exp() * y
+
+
+def p_hook_over_a_tensor_of_the_graph(x, w):
+    y = x * w
+    s = w.sum()
+    y.register_hook(lambda g: g * s + 1)
+    return y.sin(), y * 2
+
+
+def p_hooked_tensor_is_returned(x):
+    y = x.cos()
+    y.register_hook(lambda g: g * 10)
+    return y, y.sum()
+
+
+HOOKED = [
+    (p_hook_scales_the_gradient, leaf_tensors((4,))),
+    (p_hook_returning_none, leaf_tensors((4,))),
+    (p_hook_over_a_tensor_of_the_graph, leaf_tensors((4,), (4,))),
+    (p_hooked_tensor_is_returned, leaf_tensors((4,))),
+]
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "ember"])
+@pytest.mark.parametrize(("program", "make"), HOOKED)
+def test_tensor_hooks_in_one_graph(program, make, backend):
+    # the gradients reaching the inputs are eager's (train_check), so the hook saw eager's
+    # gradient and its result was used; Dynamo's counts on the same function
+    counts = train_check(program, make, backend=backend, dynamo=backend == "eager")
+    assert (counts.graphs, counts.breaks) == (1, 0)
+
+
+SEEN = []
+
+
+def p_hook_records_the_gradient(x):
+    y = x.cos()
+
+    def record(g):
+        SEEN.append(g.clone())
+
+    y.register_hook(record)
+    return y * 4
+
+
+def p_hook_handle_kept(x):
+    y = x * 2
+    handle = y.register_hook(lambda g: g * 3)
+    handle.remove()
+    return y.sum()
+
+
+def test_hooks_with_side_effects_or_kept_handles_break():
+    # a hook that records (Dynamo breaks too) and a kept handle: a break at the call, the
+    # hook registered in Python; the gradients it saw are eager's
+    def run(fn):
+        SEEN.clear()
+        x = torch.randn(4, generator=torch.Generator().manual_seed(0), requires_grad=True)
+        fn(x).sum().backward()
+        return x.grad, list(SEEN)
+
+    for program in (p_hook_records_the_gradient, p_hook_handle_kept):
+        ember.reset()
+        expected = run(program)
+        compiled = ember.compile(program, backend="eager")
+        for _ in range(2):
+            actual = run(compiled)
+            torch.testing.assert_close(actual, expected)
+        assert ember.stats()["graph_breaks"] == 1
+    assert len(expected[1]) == 0  # p_hook_handle_kept removed it
+    train_check(p_hook_records_the_gradient, leaf_tensors((4,)))
