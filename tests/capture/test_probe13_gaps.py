@@ -404,3 +404,71 @@ def test_hooks_with_side_effects_or_kept_handles_break():
         assert ember.stats()["graph_breaks"] == 1
     assert len(expected[1]) == 0  # p_hook_handle_kept removed it
     train_check(p_hook_records_the_gradient, leaf_tensors((4,)))
+
+
+# repr(module) / str(module) in forward: 2 breaks (the module needed as a Python value);
+# now nn.Module.__repr__ is inlined (its reads guarded). Deprecated torch.cpu.amp.autocast:
+# a break at its construction (its warning-issuing __new__); now the warning is issued
+# while capturing, at the user's line, and the block is traced as torch.autocast's
+
+
+LIN = torch.nn.Linear(4, 4)
+SEQ = torch.nn.Sequential(
+    torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Sequential(torch.nn.Dropout(0.1))
+).eval()
+
+
+def p_repr_of_a_module(x):
+    return LIN(x), repr(LIN), str(LIN)
+
+
+def p_repr_of_nested_modules(x):
+    return SEQ(x), repr(SEQ), f"{SEQ[0]}", str(SEQ[1])  # Dynamo: 1 break
+
+
+def p_repr_of_a_module_made_in_forward(x):
+    return repr(torch.nn.ReLU()), x + 1
+
+
+@pytest.mark.parametrize(
+    "program",
+    [p_repr_of_a_module, p_repr_of_nested_modules, p_repr_of_a_module_made_in_forward],
+)
+def test_module_text(program):
+    counts = check(program, tensors((4,)))
+    assert (counts.graphs, counts.breaks) == (1, 0)
+
+
+def test_module_repr_follows_the_module():
+    ember.reset()
+    compiled = ember.compile(p_repr_of_a_module, backend="eager")
+    assert compiled(torch.ones(4))[1] == repr(LIN)
+    LIN.in_features = 7
+    try:
+        assert compiled(torch.ones(4))[1] == repr(LIN)
+    finally:
+        LIN.in_features = 4
+
+
+def p_deprecated_cpu_autocast(x):
+    with torch.cpu.amp.autocast(dtype=torch.bfloat16):
+        y = LIN(x)
+    return y, torch.is_autocast_enabled("cpu")
+
+
+def test_deprecated_cpu_autocast():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        counts = check(p_deprecated_cpu_autocast, tensors((4,)))
+    assert (counts.graphs, counts.breaks) == (1, 0)
+    ember.reset()
+    compiled = ember.compile(p_deprecated_cpu_autocast, backend="eager")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        compiled(torch.ones(4))
+        first = [(w.category, w.filename, w.lineno) for w in seen]
+        compiled(torch.ones(4))  # from the cache: no capture, no warning (eager warns again)
+    line = p_deprecated_cpu_autocast.__code__.co_firstlineno + 1
+    assert first == [(FutureWarning, __file__, line)] and len(seen) == 1

@@ -143,6 +143,22 @@ def _property_deleter(cls: type, name: str) -> types.FunctionType | None:
     return None
 
 
+def _inlined_text(tx: Translator, obj: Value, cls: type, kind: Any, spec: str) -> Value | None:
+    """The class's `__str__`/`__repr__`/`__format__` written in Python, inlined on `obj`,
+    object's defaults chained as CPython's (`__format__` without a spec is `str()`,
+    `__str__` is `repr()`); None where object's own repr (an address) or C answers."""
+    name = _TEXT_METHODS[kind]
+    owner = next(k for k in cls.__mro__ if name in k.__dict__)
+    if owner is object:
+        if kind is format and not spec:
+            return _inlined_text(tx, obj, cls, str, "")
+        return _inlined_text(tx, obj, cls, repr, "") if kind is str else None
+    if not isinstance(owner.__dict__[name], types.FunctionType):
+        return None
+    method = _class_attribute(tx, obj, cls, name, obj.source)
+    return method.call(tx, [ConstantValue(spec)] if kind is format else [], {})
+
+
 def _refuse_after_whole_dict_read(owner: Value, name: str) -> None:
     """An attribute write after the trace read the object's whole `__dict__` (see
     InstanceDictValue.whole, which sets `dict_read`): the read value would be stale."""
@@ -262,6 +278,11 @@ class ModuleValue(Value):
     def setattr(self, tx: Translator, name: str, value: Value) -> None:
         _refuse_after_whole_dict_read(self, name)
         tx.ctx.effects.store_attr(self, name, value)
+
+    def text(self, tx: Translator, kind: Any, spec: str = "") -> Value | None:
+        """`repr(module)`, `str(module)`, `format(module, spec)`: nn.Module's `__repr__`
+        (or the class's own) inlined, as for other objects (see UserObjectValue.text)."""
+        return _inlined_text(tx, self, type(self.module), kind, spec)
 
     def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
         from ember.capture.values.modules import call_module
@@ -506,16 +527,7 @@ class UserObjectValue(Value):
         the method in Python: the method inlined, object's defaults chained as CPython's
         (`__format__` without a spec is `str()`, `__str__` is `repr()`). None where it
         cannot be (object's own repr holds an address; a method written in C)."""
-        name = _TEXT_METHODS[kind]
-        owner = next(k for k in self.cls.__mro__ if name in k.__dict__)
-        if owner is object:
-            if kind is format and not spec:
-                return self.text(tx, str)
-            return self.text(tx, repr) if kind is str else None
-        if not isinstance(owner.__dict__[name], types.FunctionType):
-            return None
-        method = self.type_method(tx, name)
-        return method.call(tx, [ConstantValue(spec)] if kind is format else [], {})
+        return _inlined_text(tx, self, self.cls, kind, spec)
 
     # the container protocol, for classes that implement it in Python (MutableMapping kin)
     def getitem(self, tx: Translator, key: Value) -> Value:
