@@ -5,6 +5,7 @@ Each program is compared with eager and with Dynamo's counts through fidelity_ha
 from __future__ import annotations
 
 import collections
+import sys
 import typing
 
 import pytest
@@ -461,7 +462,10 @@ def test_deprecated_cpu_autocast():
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        counts = check(p_deprecated_cpu_autocast, tensors((4,)))
+        # Dynamo on Python 3.13 fails on this program (InternalTorchDynamoError, KeyError:
+        # dtype in its autocast handling): compared with it on older Pythons only
+        dynamo = sys.version_info < (3, 13)
+        counts = check(p_deprecated_cpu_autocast, tensors((4,)), dynamo=dynamo)
     assert (counts.graphs, counts.breaks) == (1, 0)
     ember.reset()
     compiled = ember.compile(p_deprecated_cpu_autocast, backend="eager")
