@@ -57,6 +57,17 @@ def grad(body: Callable[..., Any], argnums: tuple[int, ...], *operands: Any) -> 
     return torch.func.grad(lambda *args: body(*args)[0], argnums=argnums)(*operands)
 
 
+def register_traced_hook(body: Callable[..., Any], tensor: torch.Tensor, *operands: Any) -> None:
+    """`tensor.register_hook(fn)` where capture traced `fn` as `body(grad, *operands)`
+    (capture/values/tensor_hooks.py): a body with no outputs is a hook returning None."""
+
+    def hook(grad: torch.Tensor) -> torch.Tensor | None:
+        outputs = body(grad, *operands)
+        return outputs[0] if outputs else None
+
+    tensor.register_hook(hook)
+
+
 class FunctionApply:
     """The target of a captured `MyFn.apply(...)` call (capture/values/autograd_function.py):
     calls it, and returns its tensors as a tuple (the node's outputs are read by index).

@@ -46,6 +46,7 @@ from ember.capture.values.functions import (
     UserFunctionValue,
 )
 from ember.capture.values.iterators import LazyIterator
+from ember.capture.values.made_classes import MadeClassValue
 from ember.capture.values.modules import BornModuleValue, has_hooks
 from ember.capture.values.objects import CellValue, ModuleValue, UserObjectValue
 from ember.capture.values.tensor import TensorValue
@@ -178,6 +179,8 @@ def _made_again(value: Value) -> bool:
 
 
 def _is_fresh_mutable(value: Value) -> bool:
+    if isinstance(value, MadeClassValue):
+        return True
     if value.source is not None:
         return False
     fresh = (

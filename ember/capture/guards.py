@@ -177,7 +177,7 @@ def _absent_conditions(g: Guard, scope: GuardScope) -> list[str]:
     """What the default lookup of `name` consults, as dict lookups: cheaper than a
     `hasattr` that raises inside, through `Module.__getattr__` or a Python
     `__getattribute__`, on every call."""
-    name, cls = g.expected
+    name, cls, *instance = g.expected  # (name, cls, False): the instance dict not consulted
     e = g.source.expr(scope)
     conditions = [f"type({e}) is {scope.const(cls, 'T')}"]
     module = issubclass(cls, torch.nn.Module)
@@ -187,7 +187,7 @@ def _absent_conditions(g: Guard, scope: GuardScope) -> list[str]:
             names.append("__getattr__")  # nn.Module's is modelled: its tables below
         mapping = scope.const(klass.__dict__, "cd")  # a live view of the class's dict
         conditions.extend(f"{n!r} not in {mapping}" for n in names)
-    if cls.__dictoffset__:
+    if cls.__dictoffset__ and instance != [False]:
         instance_dict = attr_source(g.source, "__dict__", cls).expr(scope)
         conditions.append(f"{name!r} not in {instance_dict}")
     if module:

@@ -37,6 +37,10 @@ def _refill_method(container: Value) -> str | None:
 class SideEffects:
     def __init__(self) -> None:
         self._attrs: dict[int, tuple[Value, dict[str, Value]]] = {}
+        self._deleted: dict[int, tuple[Value, set[str]]] = {}
+        """Attributes of outside objects that the trace deleted (`del obj.name`), which
+        the object had at entry (guarded); replayed as `del obj.name` before the stores
+        (an attribute deleted and set again moves to the end of the instance dict)."""
         self._containers: dict[int, Value] = {}
         self._globals: dict[tuple[int, str], tuple[dict, str, Value]] = {}
         self._cells: dict[int, tuple[Any, Value]] = {}
@@ -96,6 +100,20 @@ class SideEffects:
         self.version += 1
         self._attrs.setdefault(id(obj), (obj, {}))[1][name] = value
 
+    def delete_attr(self, obj: Value, name: str) -> None:
+        """`del obj.name` of an attribute the outside object had at entry (the caller
+        guards that): a pending write to it is dropped, the deletion replayed."""
+        self._check_fence(obj, f"attribute {name!r} of {obj.describe()}")
+        self.version += 1
+        entry = self._attrs.get(id(obj))
+        if entry is not None:
+            entry[1].pop(name, None)
+        self._deleted.setdefault(id(obj), (obj, set()))[1].add(name)
+
+    def is_deleted(self, obj: Value, name: str) -> bool:
+        entry = self._deleted.get(id(obj))
+        return entry is not None and name in entry[1]
+
     def load_attr(self, obj: Value, name: str) -> Value | None:
         entry = self._attrs.get(id(obj))
         return entry[1].get(name) if entry else None
@@ -107,8 +125,10 @@ class SideEffects:
         del self._attrs[id(obj)][1][name]
 
     def has_attr_writes(self, obj: Value) -> bool:
+        """Whether the trace set or deleted attributes of `obj`."""
         entry = self._attrs.get(id(obj))
-        return bool(entry and entry[1])
+        deleted = self._deleted.get(id(obj))
+        return bool(entry and entry[1]) or bool(deleted and deleted[1])
 
     def mutated(self, container: Value) -> None:
         self._check_fence(container, container.describe())
@@ -124,6 +144,8 @@ class SideEffects:
         """Outside containers and objects the trace changed (list, dict and set contents,
         attributes)."""
         objects = [obj for obj, attrs in self._attrs.values() if attrs and obj.source]
+        seen = {id(obj) for obj in objects}
+        objects += [obj for obj, names in self._deleted.values() if names and id(obj) not in seen]
         return [*self._containers.values(), *objects]
 
     def store_global(self, f_globals: dict, name: str, value: Value) -> None:
@@ -159,6 +181,7 @@ class SideEffects:
     def __bool__(self) -> bool:
         return bool(
             self._attrs
+            or any(names for _, names in self._deleted.values())
             or self._containers
             or self._globals
             or self._cells
@@ -217,6 +240,11 @@ class SideEffects:
             logs.log("side_effects", "replay closure cell write")
             em.reconstruct(value)
             stores.append(("cell", cell))
+        for obj, names in self._deleted.values():  # after the reads, before the stores
+            for name in sorted(names):
+                logs.log("side_effects", "replay del %s.%s", obj.source.name(), name)
+                obj.source.emit(cg)
+                cg.emit("DELETE_ATTR", name)
         for kind, target in reversed(stores):  # each store takes its value from the top
             if kind == "container":
                 self._store_contents(cg, target)

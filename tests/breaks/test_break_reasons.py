@@ -27,6 +27,9 @@ class Obj:
     def __init__(self):
         self.a = 1
 
+    def __delattr__(self, name):  # refused (a plain `del obj.a` is modelled)
+        object.__delattr__(self, name)
+
 
 def recurse(y, n):
     return y if n == 0 else recurse(y + 1, n - 1)

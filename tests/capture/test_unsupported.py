@@ -25,6 +25,9 @@ class WithAttr:
     def __init__(self):
         self.a = 1
 
+    def __delattr__(self, name):  # refused (a plain `del obj.a` is modelled)
+        object.__delattr__(self, name)
+
 
 PATTERN = re.compile("a+")
 

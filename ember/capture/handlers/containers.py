@@ -6,7 +6,7 @@ from ember.bytecode import Op
 from ember.capture.handlers import handler
 from ember.capture.values.base import ConstantValue, Value
 from ember.capture.values.containers import DictValue, ListValue, SliceValue, TupleValue
-from ember.capture.values.objects import UserObjectValue
+from ember.capture.values.objects import ModuleValue, UserObjectValue
 from ember.capture.values.sets import SetValue
 from ember.errors import BreakReason, Unsupported
 
@@ -195,7 +195,7 @@ def _format(tx, value: Value, spec: str) -> Value:
 
 def _text(tx, value: Value, kind, spec: str = "") -> Value | None:
     """An object's own `__str__`/`__repr__`/`__format__`, written in Python, inlined."""
-    if isinstance(value, UserObjectValue) and kind in (str, repr, format):
+    if isinstance(value, UserObjectValue | ModuleValue) and kind in (str, repr, format):
         return value.text(tx, kind, spec)
     return None
 

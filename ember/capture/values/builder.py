@@ -489,6 +489,10 @@ class ValueBuilder:
             value = self._classes[cls] = ClassValue(cls)
         return value
 
+    def adopt_class(self, value: Value) -> None:
+        """A class the trace made (values/made_classes.py) is its own value from now on."""
+        self._classes[value.as_constant()] = value
+
     def wrap_const(self, value: Any) -> Value:
         """A value the trace produced itself (folded results, defaults, module attributes)."""
         if isinstance(value, _CONSTANT_TYPES + _SINGLETON_TYPES):

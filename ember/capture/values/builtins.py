@@ -242,6 +242,10 @@ def _callable(tx, args, kwargs):
 
 @handles(type)
 def _type(tx, args, kwargs):
+    if len(args) == 3 and not kwargs:
+        from ember.capture.values.made_classes import make_type
+
+        return make_type(tx, args)
     if len(args) != 1:
         raise Unsupported(BreakReason.UNSUPPORTED_CALL, "type() with three arguments")
     return _const(tx, args[0].python_type())
@@ -438,11 +442,12 @@ BUILTINS[round] = _fold_or_tensor(round, torch.round)
 
 def _to_python(fn: Any) -> Handler:
     def handler(tx, args, kwargs):
-        from ember.capture.values.objects import UserObjectValue
+        from ember.capture.values.objects import ModuleValue, UserObjectValue
 
         if args and isinstance(args[0], TensorValue):
             args[0].call_method(tx, "item", [], {})  # raises TENSOR_TO_PYTHON
-        if fn in (str, repr, format) and args and isinstance(args[0], UserObjectValue):
+        texts = (UserObjectValue, ModuleValue)
+        if fn in (str, repr, format) and args and isinstance(args[0], texts):
             spec = args[1].as_constant() if len(args) > 1 else ""
             text = args[0].text(tx, fn, spec)
             if text is not None:

@@ -152,6 +152,8 @@ class ClassValue(Value):
                 BreakReason.UNSUPPORTED_CALL,
                 f"constructing {cls.__module__}.{cls.__qualname__}, a class implemented in C",
             )
+        if cls in _DEPRECATED_AUTOCASTS:
+            return _construct_deprecated_autocast(tx, cls, args, kwargs)
         if cls.__new__ is not object.__new__ or not isinstance(cls.__init__, types.FunctionType):
             if cls.__init__ is not object.__init__:
                 raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"constructing {cls.__qualname__}")
@@ -163,6 +165,37 @@ class ClassValue(Value):
                 BreakReason.EXCEPTION_RAISED, f"TypeError: {cls.__name__}() takes no arguments"
             )
         return obj
+
+
+_DEPRECATED_AUTOCASTS = (torch.cpu.amp.autocast, torch.cuda.amp.autocast)
+"""torch.autocast subclasses marked `typing_extensions.deprecated`: their `__new__` warns
+(FutureWarning), then makes the object as object.__new__ does; their `__init__` calls
+torch.autocast's with the device."""
+
+
+def _construct_deprecated_autocast(
+    tx: Translator, cls: type, args: list[Value], kwargs: dict[str, Value]
+) -> Value:
+    """The warning is issued while capturing, at the user's line and through the
+    `__warningregistry__` of the user's module, as eager's first call issues it (under the
+    default filters, once per line; a cached call does not warn again), then the object is
+    made and its `__init__` inlined as for other classes."""
+    import warnings
+
+    where, _ = tx.location()
+    filename, _, line = where.rpartition(":")
+    warnings.warn_explicit(
+        cls.__deprecated__,
+        FutureWarning,
+        filename,
+        int(line) if line.isdigit() else 0,
+        module=tx.f_globals.get("__name__"),
+        registry=tx.f_globals.setdefault("__warningregistry__", {}),
+        module_globals=tx.f_globals,
+    )
+    obj = UserObjectValue(cls)
+    UserFunctionValue(cls.__init__).call(tx, [obj, *args], kwargs)
+    return obj
 
 
 def pending_class_attribute(tx: Translator, cls: type, name: str) -> Value | None:

@@ -125,6 +125,10 @@ def _defined_in_python(cls: type, name: str) -> bool:
 
 
 class TupleValue(SequenceValue):
+    made_class: Value | None = None
+    """The class value of a namedtuple whose class the trace made (values/made_classes.py):
+    the instance is rebuilt with that class made again, not the one made while capturing."""
+
     def __init__(self, items: list[Value], source=None, struct_type: type | None = None):
         super().__init__(items, source)
         self.struct_type = struct_type
@@ -158,7 +162,9 @@ class TupleValue(SequenceValue):
             if unknown:
                 raise Unsupported(BreakReason.EXCEPTION_RAISED, f"unexpected fields {unknown}")
             values.update(kwargs)
-            return TupleValue([values[f] for f in fields], struct_type=self.struct_type)
+            result = TupleValue([values[f] for f in fields], struct_type=self.struct_type)
+            result.made_class = self.made_class
+            return result
         if fields and name == "_asdict":
             return DictValue(dict(zip(fields, self.items)))
         return super().call_method(tx, name, args, kwargs)
@@ -166,6 +172,13 @@ class TupleValue(SequenceValue):
     def reconstruct(self, em: Emitter) -> None:
         if self.source is not None:
             return super().reconstruct(em)
+        if self.made_class is not None:
+            with em.cg.callee():
+                em.reconstruct(self.made_class)
+            for item in self.items:
+                em.reconstruct(item)
+            em.cg.call(len(self.items))
+            return
         if self.struct_type is not None and hasattr(self.struct_type, "_make"):
             em.cg.load_const(self.struct_type, push_null=True)
             for item in self.items:

@@ -292,6 +292,8 @@ class InstanceDictValue(Value):
         pending = tx.ctx.effects.load_attr(self.owner, k)
         if pending is not None:
             return pending
+        if tx.ctx.effects.is_deleted(self.owner, k):
+            return None
         present = k in self.real
         tx.ctx.guards.add(GuardKind.DICT_CONTAINS, self.source, (k, present))
         if not present:

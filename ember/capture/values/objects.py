@@ -102,26 +102,61 @@ def pin_class_attribute(
     tx.ctx.guards.add(GuardKind.CLASS_MEMBER, source, attr)
 
 
-def _instance_lookup(tx: Translator, owner: Value, cls: type, name: str, source) -> Value:
+def _instance_lookup(
+    tx: Translator, owner: Value, cls: type, name: str, source, deleted: bool = False
+) -> Value:
     """The class part of an existing object's attribute lookup (its instance tables had no
     `name`). Where it finds nothing, the guards keep that so, as dict lookups (an
-    ABSENT_ATTR guard) that a later `hasattr` or `except AttributeError` relies on."""
+    ABSENT_ATTR guard) that a later `hasattr` or `except AttributeError` relies on.
+    `deleted`: the trace deleted the instance attribute (which the object has at entry,
+    guarded), so the instance dict is not consulted."""
     from ember.capture.guards import GuardKind
 
-    try:
-        found = _class_attribute(tx, owner, cls, name, source)
+    try:  # (after a deletion, the instance's attribute of this name is not the class's)
+        found = _class_attribute(tx, owner, cls, name, None if deleted else source)
     except MissingAttribute as exc:
         if exc.missing_on is cls and not exc.guarded and source is not None:
-            tx.ctx.guards.add(GuardKind.ABSENT_ATTR, source, (name, cls))
+            expected = (name, cls, False) if deleted else (name, cls)
+            tx.ctx.guards.add(GuardKind.ABSENT_ATTR, source, expected)
             exc.guarded = True
         raise
     real = tx.ctx.builder.real_object(owner)
+    if deleted:
+        return found
     if source is not None and hasattr(real, "__dict__") and not _is_data_descriptor(cls, name):
         # an instance attribute of that name would come first (`block.forward = ...`, or
         # another object of the class, which the type guard alone lets through)
         instance_dict = attr_source(source, "__dict__", cls)
         tx.ctx.guards.add(GuardKind.DICT_CONTAINS, instance_dict, (name, False))
     return found
+
+
+def _property_deleter(cls: type, name: str) -> types.FunctionType | None:
+    """The Python `fdel` of a property `name` of `cls` (the first class of the MRO that
+    defines the name decides)."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            attr = klass.__dict__[name]
+            if isinstance(attr, property) and isinstance(attr.fdel, types.FunctionType):
+                return attr.fdel
+            return None
+    return None
+
+
+def _inlined_text(tx: Translator, obj: Value, cls: type, kind: Any, spec: str) -> Value | None:
+    """The class's `__str__`/`__repr__`/`__format__` written in Python, inlined on `obj`,
+    object's defaults chained as CPython's (`__format__` without a spec is `str()`,
+    `__str__` is `repr()`); None where object's own repr (an address) or C answers."""
+    name = _TEXT_METHODS[kind]
+    owner = next(k for k in cls.__mro__ if name in k.__dict__)
+    if owner is object:
+        if kind is format and not spec:
+            return _inlined_text(tx, obj, cls, str, "")
+        return _inlined_text(tx, obj, cls, repr, "") if kind is str else None
+    if not isinstance(owner.__dict__[name], types.FunctionType):
+        return None
+    method = _class_attribute(tx, obj, cls, name, obj.source)
+    return method.call(tx, [ConstantValue(spec)] if kind is format else [], {})
 
 
 def _refuse_after_whole_dict_read(owner: Value, name: str) -> None:
@@ -244,6 +279,11 @@ class ModuleValue(Value):
         _refuse_after_whole_dict_read(self, name)
         tx.ctx.effects.store_attr(self, name, value)
 
+    def text(self, tx: Translator, kind: Any, spec: str = "") -> Value | None:
+        """`repr(module)`, `str(module)`, `format(module, spec)`: nn.Module's `__repr__`
+        (or the class's own) inlined, as for other objects (see UserObjectValue.text)."""
+        return _inlined_text(tx, self, type(self.module), kind, spec)
+
     def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
         from ember.capture.values.modules import call_module
 
@@ -310,6 +350,9 @@ _TEXT_METHODS = {str: "__str__", repr: "__repr__", format: "__format__"}
 class UserObjectValue(Value):
     """An instance of a Python class: existing (with a source) or created during capture."""
 
+    made_class: Value | None = None
+    """The value of its class where the trace made the class (values/made_classes.py)."""
+
     def __init__(self, cls: type, source=None, obj: Any = None) -> None:
         self.cls = cls
         self.source = source
@@ -352,6 +395,8 @@ class UserObjectValue(Value):
         pending = tx.ctx.effects.load_attr(self, name)
         if pending is not None:
             return pending
+        if tx.ctx.effects.is_deleted(self, name):
+            return _instance_lookup(tx, self, self.cls, name, self.source, deleted=True)
         instance_dict = getattr(self.obj, "__dict__", {})
         if name in instance_dict and not _is_data_descriptor(self.cls, name):
             source = attr_source(self.source, name, self.cls)
@@ -384,28 +429,48 @@ class UserObjectValue(Value):
         self.generic_setattr(tx, name, value)
 
     def delattr(self, tx: Translator, name: str) -> None:
-        """`del obj.name` of an instance attribute. Modelled where the ledger can say it
-        exactly: on an object made during capture, and on one from outside for an attribute
-        the trace itself created (a try/finally that sets then deletes a temporary flag:
-        transformers' `config.is_causal`); anything else is refused."""
+        """`del obj.name`: a property's deleter written in Python is inlined; an instance
+        attribute of an object made during capture is dropped from its attributes; one of
+        an outside object goes to the ledger (replayed as `del obj.name`), with a guard that
+        the object has it at entry. A Python `__delattr__`, or other descriptors, are
+        refused."""
         from ember.capture.guards import GuardKind
 
+        deleter = _property_deleter(self.cls, name)
+        if deleter is not None:
+            UserFunctionValue(deleter).call(tx, [self], {})
+            return
         if python_override(self.cls, "__delattr__") is not None or _is_data_descriptor(
             self.cls, name
         ):
-            raise Unsupported(BreakReason.SIDE_EFFECT, f"deleting attribute {name!r}")
+            raise Unsupported(
+                BreakReason.SIDE_EFFECT,
+                f"deleting attribute {name!r} of {self.describe()} (a Python __delattr__ "
+                "or a descriptor without a Python deleter)",
+            )
         if self.is_new:
             if name not in self.attrs:
                 raise MissingAttribute(f"{self.describe()} has no attribute {name!r}")
             tx.ctx.effects.touch(self)
             del self.attrs[name]
             return
-        pending = tx.ctx.effects.load_attr(self, name)
-        if pending is None or name in getattr(self.obj, "__dict__", {}):
+        if not hasattr(self.obj, "__dict__"):
             raise Unsupported(BreakReason.SIDE_EFFECT, f"deleting attribute {name!r}")
+        _refuse_after_whole_dict_read(self, name)
+        effects = tx.ctx.effects
         instance_dict = attr_source(self.source, "__dict__", self.cls)
-        tx.ctx.guards.add(GuardKind.DICT_CONTAINS, instance_dict, (name, False))
-        tx.ctx.effects.drop_attr(self, name)
+        present = name in self.obj.__dict__
+        deleted = effects.is_deleted(self, name)
+        if not deleted:
+            tx.ctx.guards.add(GuardKind.DICT_CONTAINS, instance_dict, (name, present))
+        if effects.load_attr(self, name) is None and (deleted or not present):
+            exc = MissingAttribute(f"{self.describe()} has no attribute {name!r}")
+            exc.guarded = True
+            raise exc
+        if present or deleted:
+            effects.delete_attr(self, name)
+        else:  # an attribute only the trace set: the write is forgotten
+            effects.drop_attr(self, name)
 
     def generic_setattr(self, tx: Translator, name: str, value: Value) -> None:
         """`object.__setattr__`: a property's setter is inlined, a slot of an object from
@@ -462,16 +527,7 @@ class UserObjectValue(Value):
         the method in Python: the method inlined, object's defaults chained as CPython's
         (`__format__` without a spec is `str()`, `__str__` is `repr()`). None where it
         cannot be (object's own repr holds an address; a method written in C)."""
-        name = _TEXT_METHODS[kind]
-        owner = next(k for k in self.cls.__mro__ if name in k.__dict__)
-        if owner is object:
-            if kind is format and not spec:
-                return self.text(tx, str)
-            return self.text(tx, repr) if kind is str else None
-        if not isinstance(owner.__dict__[name], types.FunctionType):
-            return None
-        method = self.type_method(tx, name)
-        return method.call(tx, [ConstantValue(spec)] if kind is format else [], {})
+        return _inlined_text(tx, self, self.cls, kind, spec)
 
     # the container protocol, for classes that implement it in Python (MutableMapping kin)
     def getitem(self, tx: Translator, key: Value) -> Value:
@@ -522,7 +578,10 @@ class UserObjectValue(Value):
         if not self.is_new:
             return super().reconstruct(em)
         em.cg.load_const(rebuild_object, push_null=True)
-        em.cg.load_const(self.cls)
+        if self.made_class is not None:  # a class made in the trace: made again
+            em.reconstruct(self.made_class)
+        else:
+            em.cg.load_const(self.cls)
         em.attribute_map(self.attrs)
         em.cg.call(2)
 

@@ -93,7 +93,6 @@ _SCALED_BY_A_NUMBER = frozenset({"addcdiv", "addcdiv_", "addcmul", "addcmul_"})
 
 _REFUSED = {
     "backward": "calling backward() inside a compiled region",
-    "register_hook": "tensor hooks",
     "retain_grad": "retain_grad()",
     "data_ptr": "data pointers",
     "untyped_storage": "storage access",
@@ -254,6 +253,10 @@ class TensorValue(Value):
                 f"Tensor.{name}() on {self.describe()} needs the tensor's data in Python",
                 hint="keep the value as a tensor, or move this outside the compiled function",
             )
+        if name == "register_hook":
+            from ember.capture.values.tensor_hooks import register_hook
+
+            return register_hook(tx, self, args, kwargs)
         if name in _REFUSED:
             raise Unsupported(BreakReason.UNSUPPORTED_CALL, _REFUSED[name])
         if name == "requires_grad_" and self.source is None and _asks_for_grad(args, kwargs):
