@@ -361,7 +361,12 @@ class UserObjectValue(Value):
                 return tx.ctx.builder.wrap(getattr(self.obj, name), AttrSource(self.source, name))
             tx.ctx.guards.add(GuardKind.MISSING_ATTR, self.source, name)
             raise MissingAttribute(f"{self.describe()} has no attribute {name!r} (an unset slot)")
-        return _instance_lookup(tx, self, self.cls, name, self.source)
+        found = _instance_lookup(tx, self, self.cls, name, self.source)
+        if name == "_init_group" and issubclass(self.cls, torch.optim.Optimizer):
+            from ember.capture.values.optimizers import init_group_method
+
+            return init_group_method(self, self.cls, found)
+        return found
 
     def _instance_dict(self, tx: Translator) -> Value:
         """`obj.__dict__`. For an object made during capture, a dict that shares its storage
