@@ -618,8 +618,9 @@ class GradModeValue(Value):
         return f"grad mode context (enabled={self.enabled})"
 
     def enter(self, tx: Translator) -> Value:
-        self.saved.append(torch.is_grad_enabled() if self.restore_to is None else self.restore_to)
-        tx.set_grad_enabled(self.enabled)
+        outside = torch.is_grad_enabled() if self.restore_to is None else self.restore_to
+        tx.set_grad_enabled(self.enabled)  # may refuse (inside inference mode): then unentered
+        self.saved.append(outside)
         return ConstantValue(None)
 
     def exit(self, tx: Translator) -> Value:
