@@ -116,6 +116,17 @@ def test_step_against_eager_and_dynamo(name, kind):
     assert counts.eager_frames == 0
 
 
+@pytest.mark.parametrize("name", ["sgd_momentum", "adam", "adamw_foreach", "two_groups"])
+def test_step_through_aot(name):
+    """The state made while capturing is a graph input written in place (step counters,
+    moments): aot copies the writes back."""
+    model = _net()
+    opt = OPTIMIZERS[name](model.parameters())
+    step = _step_zero_grad_last(model, opt)
+    counts = check(step, _data, backend="aot_eager", **_restoring(model, opt))
+    assert counts.breaks == 4
+
+
 def _train(name: str, kind: str, compile_step, counter: CompileCounter | None = None):
     """Four steps from one start; the graphs compiled so far after each step."""
     model = _net()
