@@ -243,6 +243,20 @@ def records_autograd() -> bool:
     return torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
 
 
+enter_inference_mode = torch.autograd.grad_mode._enter_inference_mode
+exit_inference_mode = torch.autograd.grad_mode._exit_inference_mode
+"""What a `torch.inference_mode()` block does when entered and left (torch.autograd.grad_mode):
+the graph nodes of such a block inside traced code."""
+
+
+def enters_inference_mode(gm: torch.nn.Module) -> bool:
+    """Whether a captured graph holds a `torch.inference_mode()` block of its own."""
+    graph = getattr(gm, "graph", None)
+    return graph is not None and any(
+        n.op == "call_function" and n.target is enter_inference_mode for n in graph.nodes
+    )
+
+
 _callers_inference_mode = False
 
 

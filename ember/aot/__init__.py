@@ -91,6 +91,9 @@ class AotFunction:
         at its second size (EMBER_STRICT=1 raises, as for any backend failure). A graph
         whose autograd behaviour only eager reproduces (trace.RunEagerly) runs uncompiled
         whatever the setting: that is what the program does, not a failure to compile it."""
+        if torch_compat.enters_inference_mode(self.gm):
+            logs.log("aot", "graph runs uncompiled, as eager: it enters inference mode")
+            return _run_torch_level(self.gm)
         try:
             return self._build(args, training)
         except RunEagerly as e:

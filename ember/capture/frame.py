@@ -33,7 +33,7 @@ from ember.capture.codegen import (
     build_replacement,
     can_resume_after,
 )
-from ember.capture.guards import GuardKind, build_guard_function
+from ember.capture.guards import GuardKind, GuardSet, build_guard_function
 from ember.capture.handlers.control import enters_in_python, is_autocast
 from ember.capture.live_values import live_tensors
 from ember.capture.nested import frame_function, passes_free_cells
@@ -53,6 +53,7 @@ from ember.capture.translator import (
 )
 from ember.capture.values.exceptions import TracedRaise
 from ember.capture.values.functions import RealCell
+from ember.capture.values.inference_mode import grad_mode_outside_blocks
 from ember.capture.values.iterators import GeneratorNotRebuilt, SettleFailed, settle_iterators
 from ember.capture.values.objects import CellValue
 from ember.distributed import active_ddp, split_at_buckets
@@ -102,6 +103,8 @@ def capture_call(
             lazy |= {retry.index}
         except _BreakAtCreation as retry:  # the iterators alive there are others now
             stop_before, lazy = retry.stop, frozenset()
+        except _ResumesIntoItself as repeat:
+            return _as_written(fn, repeat.reason)
     graph = None
     if compiled_name is not None:
         graph = harvest.gm
@@ -194,6 +197,27 @@ class _BreakAtCreation(Exception):
         self.stop = stop
 
 
+class _ResumesIntoItself(Exception):
+    """The capture of a resume function broke before any graph work at the instruction it
+    resumes after (a loop whose every iteration breaks there and computes nothing else:
+    `[l.item() for l in losses]`): its break code would call the very same function, whose
+    next capture would break again for the next item (its iterator is one further: a
+    recompile per iteration). The function runs as written instead."""
+
+    def __init__(self, reason: Unsupported) -> None:
+        super().__init__("the resume function resumes into itself")
+        self.reason = reason
+
+
+def _as_written(fn: types.FunctionType, reason: Unsupported) -> CacheEntry:
+    """An entry that runs `fn` itself, for any arguments: the break it repeats was counted
+    where it was first taken (the capture that made this resume function), so it is not
+    counted again (Dynamo skips such a frame: a break in a loop)."""
+    logs.log("graph_breaks", "%s runs as written: it breaks again at %s", fn.__qualname__, reason)
+    guard = build_guard_function(GuardSet(), fn)
+    return CacheEntry(guard, fn, fn.__code__, None, None, reason)
+
+
 def _capture(
     fn: types.FunctionType,
     args: tuple,
@@ -210,7 +234,9 @@ def _capture(
         ctx, frames, result = _translate(fn, args, kwargs, wrap is not None, policy, stop_before)
         tracer, host = frames[0], frames[-1]
         brk = host.graph_break
-        mode_at_break = torch.is_grad_enabled()  # where the capture stopped or returned
+        # where the capture stopped or returned; inside an inference-mode block, the mode
+        # outside it (break code enters a real block, which turns grad mode off itself)
+        mode_at_break = grad_mode_outside_blocks(ctx.out)
         if brk is not None:
             _check_resumable(host)
             parts = [
@@ -236,6 +262,7 @@ def _capture(
         return ctx, tracer, brk, harvest, compiled_name, code
     logs.log("graph_breaks", "graph break in %s: %s", fn.__qualname__, brk.reason)
     *callers, at = parts
+    made: list[types.FunctionType] = []
     site = BreakSite(
         brk.inst,
         host.stack,
@@ -243,7 +270,7 @@ def _capture(
         at.untouched,
         host.kw_names,
         at.cells,
-        functools.partial(_install_resume, at.fn, host, wrap, tuple(at.cells)),
+        functools.partial(_install_resume, at.fn, host, wrap, tuple(at.cells), made),
         wrap,
         mode_at_break if mode_at_break != grad_mode else None,
         _handler(at.fn.__code__, host),
@@ -257,6 +284,8 @@ def _capture(
             code = build_break_replacement(fn.__code__, compiled_name, harvest, ctx.effects, site)
     except Unsupported as exc:  # the break's own reason first: it is what to change
         raise _runs_eagerly(brk.reason, f"and at the break, {exc.detail}") from exc
+    if host is tracer and compiled_name is None and any(r is fn for r in made):
+        raise _ResumesIntoItself(brk.reason)
     return ctx, tracer, brk, harvest, compiled_name, code
 
 
@@ -385,7 +414,7 @@ class _FrameAtBreak:
             self.kept,
             self.untouched,
             self.cells,
-            functools.partial(_install_resume, self.fn, self.tracer, wrap, tuple(self.cells)),
+            functools.partial(_install_resume, self.fn, self.tracer, wrap, tuple(self.cells), []),
             _handler(self.fn.__code__, self.tracer),
             grad_mode_at_call,
         )
@@ -505,6 +534,7 @@ def _install_resume(
     tracer: Any,
     wrap: Callable[..., Any],
     cells: tuple[str, ...],
+    made: list[types.FunctionType],
     target: int,
     slots: list[StackSlot],
     local_names: list[str],
@@ -512,8 +542,10 @@ def _install_resume(
 ) -> Callable[..., Any]:
     """The compiled resume function that break code calls (a constant of that code, so it
     lives as long as the cache entry; resume functions of the same place share one cache).
-    `cells` are the cell variables it takes as cell objects."""
+    `cells` are the cell variables it takes as cell objects; `made` collects the plain
+    resume functions (one resuming into the function captured: _ResumesIntoItself)."""
     resume = make_resume_function(fn, target, slots, local_names, tracer.insts, grad_mode, cells)
+    made.append(resume)
     return _depth_limited(wrap(resume), resume)
 
 

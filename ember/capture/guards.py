@@ -12,6 +12,7 @@ import dataclasses
 import enum
 import inspect
 import math
+import operator
 import re
 import types
 import weakref
@@ -161,7 +162,13 @@ def _dict_keys(g: Guard, scope: GuardScope) -> list[str]:
         expected = repr(keys)
     else:  # classes, functions, modules: compared by identity, held by the guard
         expected = scope.const(list(keys), "keys")
-    return [f"type({e}) is {scope.const(g.expected[0], 'T')}", f"list({e}) == {expected}"]
+    checks = [f"type({e}) is {scope.const(g.expected[0], 'T')}"]
+    if any(isinstance(k, torch.Tensor) for k in keys):
+        # tensor keys (an optimizer's state): `==` between two tensors is elementwise, and
+        # a one-element tensor's truth is its value; identity is what the dict compares
+        same = scope.const(operator.is_, "is")
+        return [*checks, f"len({e}) == {len(keys)}", f"all(map({same}, {e}, {expected}))"]
+    return [*checks, f"list({e}) == {expected}"]
 
 
 def _identity_condition(expr: str, value: Any, scope: GuardScope) -> str:

@@ -13,6 +13,7 @@ from ember.capture.autocast import AutocastMode
 from ember.capture.handlers import handler
 from ember.capture.values.base import ConstantValue, Value
 from ember.capture.values.containers import IteratorValue, iterator_over
+from ember.capture.values.inference_mode import InferenceModeValue, enter_again
 from ember.capture.values.objects import GradModeValue, UserObjectValue
 from ember.errors import BreakReason, Unsupported
 
@@ -161,6 +162,17 @@ class AutocastExit(ExitValue):
         em.cg.call(1)
 
 
+class InferenceModeExit(ExitValue):
+    """The `__exit__` of a traced `with torch.inference_mode()` block; at a break inside it,
+    one of a real block that break code enters (values/inference_mode.py)."""
+
+    def reconstruct(self, em) -> None:
+        with em.cg.callee():
+            em.cg.load_const(enter_again)
+        em.cg.load_const(self.manager.entered[-1][1])
+        em.cg.call(1)
+
+
 def _enter_again(manager: torch.amp.autocast_mode.autocast) -> Any:
     """Break code inside a traced autocast block: enter it, and leave its `__exit__`."""
     manager.__enter__()
@@ -203,6 +215,10 @@ def before_with(tx, inst):
     manager = tx.pop()
     if isinstance(manager, GradModeValue):
         tx.push(ExitValue(manager))
+        tx.push(manager.enter(tx))
+        return
+    if isinstance(manager, InferenceModeValue):
+        tx.push(InferenceModeExit(manager))
         tx.push(manager.enter(tx))
         return
     if is_autocast(manager):

@@ -470,6 +470,10 @@ class ValueBuilder:
             return BuiltinValue(value)
         if any(value is c for c in (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)):
             return GradModeClassValue(value)
+        if value is torch.inference_mode:
+            from ember.capture.values.inference_mode import InferenceModeClassValue
+
+            return InferenceModeClassValue()
         if isinstance(value, type):
             from ember.capture.values.builtins import BUILTINS
 
@@ -621,6 +625,7 @@ class GradModeClassValue(Value):
         if self.cls is torch.no_grad:
             return GradModeValue(False)
         if self.cls is torch.enable_grad:
+            tx.refuse_grad_inside_inference_blocks(True)  # here, where a break can resume
             return GradModeValue(True)
         mode = args[0].as_constant()
         previous = tx.grad_enabled()

@@ -87,6 +87,11 @@ AUTOCAST_MODULES = frozenset(
 `__exit__`) set autocast's process state, which CPython must do."""
 
 
+_INFERENCE = ("inference_mode.__enter__", "inference_mode.__exit__")
+"""A real `torch.inference_mode()` block's methods (one break code entered, at a break inside
+a traced block): they set the thread's inference mode, which CPython must do."""
+
+
 def runs_in_python(fn: Any) -> str | None:
     """Why calls of `fn` break and run in plain Python, or None when ember captures them."""
     if is_disabled(fn):
@@ -101,6 +106,8 @@ def runs_in_python(fn: Any) -> str | None:
         return "builds a class: it runs in Python"
     if module in AUTOCAST_MODULES and fn.__name__ in ("__enter__", "__exit__"):
         return "sets autocast's state: it runs in Python"
+    if module == "torch.autograd.grad_mode" and getattr(fn, "__qualname__", "") in _INFERENCE:
+        return "sets inference mode: it runs in Python"
     return None
 
 

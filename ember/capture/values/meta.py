@@ -20,6 +20,7 @@ import torch.fx.experimental.symbolic_shapes  # noqa: F401  (see below)
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
+from ember import torch_compat
 from ember.capture.shapes import SYM_TYPES
 from ember.meta import META as _META
 from ember.meta import hollow_tensor
@@ -50,7 +51,11 @@ def _device_arg(value: Any) -> torch.device | None:
 def run_on_meta(kind: str, target: Any, args: list, kwargs: dict) -> Any:
     """Call `target` (a function, or a method name for call_method) on meta examples; a call
     whose inputs match an earlier one in every piece of metadata is answered from the cache
-    (see `_MetaCache`)."""
+    (see `_MetaCache`). Under the caller's inference mode (the capture runs outside it), ops
+    record no autograd whatever the grad mode: the examples are made under no_grad."""
+    if torch.is_grad_enabled() and torch_compat.callers_inference_mode():
+        with torch.no_grad():
+            return run_on_meta(kind, target, args, kwargs)
     found = _Inputs()
     try:
         key = (kind, target, _key_of(args, found), _key_of(kwargs, found), _global_state())

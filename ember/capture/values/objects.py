@@ -406,7 +406,12 @@ class UserObjectValue(Value):
                 return tx.ctx.builder.wrap(getattr(self.obj, name), AttrSource(self.source, name))
             tx.ctx.guards.add(GuardKind.MISSING_ATTR, self.source, name)
             raise MissingAttribute(f"{self.describe()} has no attribute {name!r} (an unset slot)")
-        return _instance_lookup(tx, self, self.cls, name, self.source)
+        found = _instance_lookup(tx, self, self.cls, name, self.source)
+        if name == "_init_group" and issubclass(self.cls, torch.optim.Optimizer):
+            from ember.capture.values.optimizers import init_group_method
+
+            return init_group_method(self, self.cls, found)
+        return found
 
     def _instance_dict(self, tx: Translator) -> Value:
         """`obj.__dict__`. For an object made during capture, a dict that shares its storage
@@ -672,8 +677,9 @@ class GradModeValue(Value):
         return f"grad mode context (enabled={self.enabled})"
 
     def enter(self, tx: Translator) -> Value:
-        self.saved.append(torch.is_grad_enabled() if self.restore_to is None else self.restore_to)
-        tx.set_grad_enabled(self.enabled)
+        outside = torch.is_grad_enabled() if self.restore_to is None else self.restore_to
+        tx.set_grad_enabled(self.enabled)  # may refuse (inside inference mode): then unentered
+        self.saved.append(outside)
         return ConstantValue(None)
 
     def exit(self, tx: Translator) -> Value:

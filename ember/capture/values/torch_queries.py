@@ -38,6 +38,8 @@ def _is_grad_enabled(tx, args, kwargs):
 
 @handles(torch.is_inference_mode_enabled)
 def _is_inference_mode_enabled(tx, args, kwargs):
+    if tx.ctx.out.inference_blocks:  # inside a traced `with torch.inference_mode()`
+        return ConstantValue(True)
     mode = torch_compat.callers_inference_mode()
     tx.ctx.guards.add(GuardKind.INFERENCE_MODE, None, mode)
     return ConstantValue(mode)
