@@ -4,9 +4,9 @@ A graph whose tensors live on one CUDA device is compiled to Triton kernels (GEM
 convolutions stay aten library calls); graphs on several devices run as their aten ops
 (`ember.backend.compile.placement`). This script checks that end to end against eager on
 the device (inference, a training step with its gradients and updated parameters, dropout's
-mask between forward and backward, bfloat16 and float16, a graph break, a copy from the CPU inside the
-compiled code) and times eager, ember.compile and torch.compile (Inductor, Triton) per call.
-Then it prints a table per workload: eager, ember (default, reduce-overhead: CUDA graphs,
+mask between forward and backward, bfloat16 and float16, a graph break, a copy from the CPU
+inside the compiled code) and times eager, ember.compile and torch.compile (Inductor, Triton)
+per call. Then it prints a table per workload: eager, ember (default, reduce-overhead: CUDA graphs,
 max-autotune: autotuned kernels and CUDA graphs), Inductor (default and reduce-overhead),
 each with its first call (compile included) and its time per call. `--tests` first runs the
 pytest tests that need a GPU (CUDA graphs, autotuning, kernels compiled for the device).
