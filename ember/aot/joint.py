@@ -27,6 +27,7 @@ from ember.aot.program import (
     begin,
     check_input_aliasing,
     check_symbolic_floats,
+    note_mutations,
     run_forward,
 )
 from ember.aot.runtime import InferenceRuntime, TrainingRuntime
@@ -156,6 +157,7 @@ def build_training(
     )
     flat = joint.program.flat_inputs(args)
     check_input_aliasing(flat, joint.program.mutated)
+    note_mutations(parts.forward, joint.program, joint.num_fwd_outputs)
     fwd = compile_aten(parts.forward, backend_examples(parts.forward, flat))
 
     def compile_backward(g: fx.GraphModule) -> Callable:

@@ -351,6 +351,7 @@ def _trace_inference(
     finals = [fakes[i] for i in program.mutated]
     program.gm = tracer.finish(graph_outs + finals)
     check_functional(program.gm.graph)
+    note_mutations(program.gm, program, len(graph_outs) + len(finals))
     return program
 
 
@@ -385,8 +386,23 @@ def is_plain_tuple(program: Program) -> bool:
     )
 
 
+MUTATIONS_META = "ember_input_mutations"
+"""Key of `gm.meta` holding a compiled graph's (output index, input index) pairs: which
+outputs are mutated inputs' final values (see `note_mutations`)."""
+
+
+def note_mutations(gm: fx.GraphModule, program: Program, num_outputs: int) -> None:
+    """Note on `gm` which of its outputs are the mutated inputs' final values (the last
+    len(mutated) of its first `num_outputs`), for ember's backend: it may write such a value
+    straight into the input's storage (a batch norm's running statistics), and
+    `apply_mutations` then has nothing to copy. Other backends ignore the note."""
+    base = num_outputs - len(program.mutated)
+    gm.meta[MUTATIONS_META] = tuple((base + j, i) for j, i in enumerate(program.mutated))
+
+
 def apply_mutations(program: Program, flat: Sequence[torch.Tensor], outs: Sequence[Any]) -> None:
-    """Copy mutated inputs' final values back into the caller's tensors, as eager left them."""
+    """Copy mutated inputs' final values back into the caller's tensors, as eager left them
+    (a value the compiled graph already wrote into the input's storage needs no copy)."""
     if not program.mutated:
         return
     base = len(outs) - len(program.mutated)
@@ -398,8 +414,16 @@ def apply_mutations(program: Program, flat: Sequence[torch.Tensor], outs: Sequen
         for i, b in program.uneven_bumps
         if not flat[i].is_inference()
     ]
+    in_place = []
     with torch.no_grad():
         for j, i in enumerate(program.mutated):
-            flat[i].copy_(outs[base + j])
+            new, t = outs[base + j], flat[i]
+            if new is t or (new.numel() and new.data_ptr() == t.data_ptr()):
+                in_place.append(t)
+            else:
+                t.copy_(new)
+    bump = [t for t in in_place if not t.is_inference()]
+    if bump:  # as the copy would have
+        torch.autograd.graph.increment_version(bump)
     if uneven:
         torch_compat.set_version_counters(*map(list, zip(*uneven, strict=True)))

@@ -22,12 +22,14 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from ember import config, logs
+from ember.aot.program import MUTATIONS_META
 from ember.backend import cudagraphs, sizes
 from ember.backend.codegen import build, cache, triton_code, triton_runtime, wrapper
 from ember.backend.codegen.cache import Artifact
 from ember.backend.codegen.cpp import kernel_source
 from ember.backend.codegen.plan import plan_kernel, plan_str
 from ember.backend.codegen.prelude import PRELUDE
+from ember.backend.ir import nodes as ir
 from ember.backend.ir import printer, verifier
 from ember.backend.lowering.graph import lower, symbolic_value
 from ember.backend.scheduler import memory
@@ -111,7 +113,7 @@ def generate(
     with _stage("scheduling"):
         g = eliminate_dead(g)
         s = schedule(g)
-        plan = memory.plan(s)
+        plan = memory.plan(s, _written_in_place(gm, g))
     buffers = g.buffer_map()
     params: dict[str, list[str]] = {}
     if language == "triton":
@@ -142,6 +144,26 @@ def generate(
     kernels = {name: "".join("p" if b in buffers else "s" for b in p) for name, p in params.items()}
     consts = dict(g.constants)
     return Artifact(module, py, kernels, consts, cacheable, ir_text, language)
+
+
+def _written_in_place(gm: torch.fx.GraphModule, g: ir.LoopGraph) -> dict[str, str]:
+    """Output buffers that may take the storage of the input whose new value they are (aot's
+    note, program.MUTATIONS_META): the output is the whole buffer, laid out as the input,
+    and nothing else the graph returns (a user output, a value saved for the backward)
+    shares that buffer, since it would then alias the caller's tensor."""
+    inputs = {b.name: b for b in g.inputs}
+    buffers = g.buffer_map()
+    returned = Counter(o.buffer for o in g.outputs if isinstance(o, ir.Output))
+    pairs = {}
+    for k, i in gm.meta.get(MUTATIONS_META, ()):
+        out, src = g.outputs[k], inputs.get(f"in{i}")
+        if not isinstance(out, ir.Output) or src is None or returned[out.buffer] != 1:
+            continue
+        buf = buffers[out.buffer]
+        same = out.layout == buf.layout == src.layout and buf.dtype == src.dtype
+        if same and out.buffer not in inputs:
+            pairs[out.buffer] = src.name
+    return pairs
 
 
 def _load(

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from ember import config, logs
+from ember.aot.program import MUTATIONS_META
 from ember.backend.codegen.build import atomic_write, compiler_id
 from ember.backend.lowering.graph import symbolic_value
 
@@ -75,6 +76,7 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> str:
     ]
     parts = [
         gm.code,
+        str(gm.meta.get(MUTATIONS_META, ())),  # outputs the wrapper may write into inputs
         "|".join(inputs),
         "|".join(consts),
         json.dumps(cfg, sort_keys=True, default=str),

@@ -55,7 +55,10 @@ def nbytes(b: ir.Buffer) -> int:
     return hint(b.layout.storage_numel()) * dtype.itemsize
 
 
-def plan(s: Schedule) -> Plan:
+def plan(s: Schedule, written_in_place: dict[str, str] | None = None) -> Plan:
+    """`written_in_place`: output buffer -> the input it is the new value of, whose storage
+    it takes where the kernel writing it is the input's last reader and reads it at most
+    element by element before writing (compile._written_in_place)."""
     g = s.graph
     buffers = g.buffer_map()
     # Graph constants are globals of the wrapper and never die.
@@ -77,11 +80,15 @@ def plan(s: Schedule) -> Plan:
     held = [0] * len(s.steps)  # bytes of donors kept alive across each step
     pool: dict[tuple, list[tuple[str, int]]] = {}  # key -> [(donor, step it died at)]
     allocs = []
+    into = _into_inputs(s, written_in_place or {}, last, buffers)
     for i, step in enumerate(s.steps):
         mine = []
         if isinstance(step, Kernel):
             dying = [b for b in frees[i] if b in poolable and b not in inputs]
             for b in step_writes(step):
+                if b in into:
+                    mine.append((b, into[b]))
+                    continue
                 donor = _in_place(step, b, dying, buffers)
                 if donor is not None:
                     dying.remove(donor)
@@ -95,6 +102,52 @@ def plan(s: Schedule) -> Plan:
             if b in poolable and b not in taken:
                 pool.setdefault(_key(buffers[b]), []).append((b, i))
     return Plan(tuple(allocs), tuple(frees))
+
+
+def _into_inputs(
+    s: Schedule, written_in_place: dict[str, str], last: dict[str, int], buffers: dict
+) -> dict[str, str]:
+    """The outputs of `written_in_place` that can take their input's storage: the input is
+    read by kernels only (an aten call's result may alias it), none after the kernel that
+    writes the output, and that kernel reads it at most element by element before writing
+    (`_overwritable`)."""
+    extern_reads = set()
+    for step in s.steps:
+        if not isinstance(step, Kernel):
+            extern_reads |= step_reads(step)
+    into = {}
+    for i, step in enumerate(s.steps):
+        if not isinstance(step, Kernel):
+            continue
+        for b in step_writes(step):
+            src = written_in_place.get(b)
+            if src is None or src in extern_reads or last.get(src, -1) > i:
+                continue
+            if last.get(src, -1) < i or _overwritable(step, b, src):
+                into[b] = src
+    return into
+
+
+def _overwritable(k: Kernel, out: str, src: str) -> bool:
+    """Whether kernel `k` may write pointwise node `out` over the storage of `src`: every
+    read of `src` in the kernel is in `out`'s loop, by `out` or a node before it, at the
+    element `out` writes. (A loop of the kernel runs per outer point, and those reads are
+    at that point's elements, so no other point's loop can read what `out` replaced.)"""
+    for lp in k.loops:
+        pos = next((j for j, n in enumerate(lp.nodes) if n.name == out), None)
+        if pos is None:
+            if any(src in ir.node_reads(n) for n in lp.nodes):
+                return False
+            continue
+        node = lp.nodes[pos]
+        if not isinstance(node, ir.Pointwise):
+            return False
+        if any(src in ir.node_reads(n) for n in lp.nodes[pos + 1 :]):
+            return False
+        loads = [ld for n in lp.nodes[: pos + 1] for ld in ir.loads(n.body) if ld.buffer == src]
+        if any(ld.index != node.index for ld in loads):
+            return False
+    return True
 
 
 def in_place_buffers(s: Schedule, p: Plan) -> dict[str, frozenset[str]]:

@@ -1,0 +1,116 @@
+"""Mutated inputs' new values written straight into the inputs' storage by the kernels
+(a batch norm's running statistics, its batch counter), instead of into fresh buffers that
+the aot runtime copies back: where that is safe, and the same values and version counters
+as eager either way."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import ember
+from ember.backend.compile import record
+
+IN_PLACE = "reuses the storage of in"  # the wrapper's comment where a buffer takes an input's
+
+
+def _versions(m: nn.Module) -> dict[str, int]:
+    return {k: v._version for k, v in m.named_buffers()}
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval-under-grad"])
+def test_batch_norm_statistics_are_written_in_place(train):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.BatchNorm2d(8))
+    model.train(train)
+    twin = copy.deepcopy(model)
+    compiled = ember.compile(twin)
+    x = torch.randn(2, 3, 10, 10)
+    before, before_eager = _versions(twin), _versions(model)
+    with record() as arts:
+        for _ in range(3):
+            model(x).square().mean().backward()
+            compiled(x).square().mean().backward()
+    for (name, want), got in zip(model.state_dict().items(), twin.state_dict().values()):
+        torch.testing.assert_close(got, want, msg=name)
+    for p, q in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(q.grad, p.grad)
+    # each buffer's version moved as eager's did (one bump per update, none in eval)
+    moved = {k: v - before[k] for k, v in _versions(twin).items()}
+    assert moved == {k: v - before_eager[k] for k, v in _versions(model).items()}, moved
+    if train:
+        forward = arts[0].wrapper.split("def call_boxed")[0]
+        # 2 running means, 2 running variances, 2 batch counters: none copied back
+        assert forward.count(IN_PLACE) == 6, forward
+
+
+def test_a_new_value_also_returned_is_not_written_into_the_input():
+    """`x.copy_(y); return y`: the returned y must stay a tensor of its own."""
+
+    def f(x):
+        y = x * 2 + 1
+        x.copy_(y)
+        return y
+
+    x = torch.randn(16)
+    want_x = x.clone()
+    want = f(want_x)
+    got = ember.compile(f)(x)
+    torch.testing.assert_close((got, x), (want, want_x))
+    x.add_(1)  # the result does not move with the input
+    torch.testing.assert_close(got, want)
+    assert got.data_ptr() != x.data_ptr()
+
+
+def test_input_read_elsewhere_after_the_write_is_not_overwritten_early():
+    """The new value of `buf` is computed in a kernel that other work reads `buf` after
+    (a reversed read, a sum): writing it in place would change what they read."""
+
+    def f(x, buf):
+        new = buf * 0.9 + x * 0.1
+        total = buf.flip(0).cumsum(0)  # an aten op reading the old buf
+        buf.copy_(new)
+        return total + buf.sum()
+
+    for fn in (f,):
+        x, buf = torch.randn(8), torch.randn(8)
+        eb = buf.clone()
+        want = fn(x, eb)
+        got = ember.compile(fn)(x, buf)
+        torch.testing.assert_close((got, buf), (want, eb))
+
+
+def test_input_read_at_other_elements_in_the_writing_kernel():
+    """buf[i] = buf[n - 1 - i] + 1: each element is read where another is written."""
+
+    def f(buf):
+        buf.copy_(buf.flip(0) + 1)
+        return buf * 2
+
+    buf = torch.arange(9.0)
+    eb = buf.clone()
+    want = f(eb)
+    got = ember.compile(f)(buf)
+    torch.testing.assert_close((got, buf), (want, eb))
+
+
+def test_version_counter_moves_as_the_copy_would():
+    """An input written in place is bumped once, as eager's in-place op bumps it, so a
+    tensor outer autograd saved fails its version check as in eager."""
+
+    def f(x, running):
+        running.mul_(0.5).add_(x.detach().mean(0) * 0.5)
+        return x * 2
+
+    running = torch.zeros(4)
+    want = torch.zeros(4)
+    x = torch.randn(3, 4)
+    f(x, want)
+    with record() as arts:
+        ember.compile(f)(x, running)
+    torch.testing.assert_close(running, want)
+    assert running._version == want._version
+    assert IN_PLACE in arts[0].wrapper
