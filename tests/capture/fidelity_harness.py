@@ -188,3 +188,25 @@ def leaf_tensors(*shapes, grad=(True,)):
         return tuple(out)
 
     return make
+
+
+def classification_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    """Eight 4-feature rows and their labels among 3 classes, the same on every call."""
+    gen = torch.Generator().manual_seed(0)
+    return torch.randn(8, 4, generator=gen), torch.randint(0, 3, (8,), generator=gen)
+
+
+def restoring(model: torch.nn.Module) -> dict:
+    """`check`'s reset/state for a program that changes the model's parameters and gradients:
+    each run starts from the same parameters, and what it left is compared."""
+    saved = copy.deepcopy(model.state_dict())
+
+    def reset() -> None:
+        model.load_state_dict(saved)
+        for p in model.parameters():
+            p.grad = None
+
+    def state() -> list:
+        return [(p.detach().clone(), p.grad) for p in model.parameters()]
+
+    return {"reset": reset, "state": state}

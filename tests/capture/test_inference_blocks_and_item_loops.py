@@ -13,12 +13,10 @@
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 import torch.nn.functional as F
-from fidelity_harness import check, tensors
+from fidelity_harness import check, classification_batch, restoring, tensors
 from torch import nn
 
 import ember
@@ -40,25 +38,6 @@ def _net(out: int = 3) -> nn.Module:
     return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, out))
 
 
-def _data():
-    gen = torch.Generator().manual_seed(0)
-    return torch.randn(8, 4, generator=gen), torch.randint(0, 3, (8,), generator=gen)
-
-
-def _restoring(model: nn.Module) -> dict:
-    saved = copy.deepcopy(model.state_dict())
-
-    def reset() -> None:
-        model.load_state_dict(saved)
-        for p in model.parameters():
-            p.grad = None
-
-    def state() -> list:
-        return [(p.detach().clone(), p.grad) for p in model.parameters()]
-
-    return {"reset": reset, "state": state}
-
-
 # torch.inference_mode() inside compiled code
 
 EVAL_NET = _net()
@@ -76,7 +55,7 @@ def eval_in_step(x, y):
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_evaluation_block_inside_a_training_step(backend):
     """Dynamo: 2 graphs, 1 break (backward); ember before: 3 graphs, 5 breaks."""
-    counts = check(eval_in_step, _data, backend=backend, **_restoring(EVAL_NET))
+    counts = check(eval_in_step, classification_batch, backend=backend, **restoring(EVAL_NET))
     assert counts.breaks == 1 and counts.graphs == 2
 
 
@@ -223,7 +202,7 @@ def losses_as_numbers(x):
 def test_item_of_each_loss_after_backward():
     """Dynamo 1 graph, 2 breaks (backward, item); ember before: 4 breaks (3 items)."""
     make = tensors((8, 4))
-    counts = check(losses_as_numbers, make, **_restoring(ITEM_NET))
+    counts = check(losses_as_numbers, make, **restoring(ITEM_NET))
     assert counts.breaks == 2
 
 

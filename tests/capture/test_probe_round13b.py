@@ -4,12 +4,10 @@ compared with eager and with Dynamo's counts through fidelity_harness."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 import torch.nn.functional as F
-from fidelity_harness import check, tensors
+from fidelity_harness import check, classification_batch, restoring, tensors
 from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
 
 import ember
@@ -20,26 +18,6 @@ from ember.capture.values.builtins import BUILTINS
 def _net() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
-
-
-def _data():
-    gen = torch.Generator().manual_seed(0)
-    return torch.randn(8, 4, generator=gen), torch.randint(0, 3, (8,), generator=gen)
-
-
-def _restoring(model: torch.nn.Module) -> dict:
-    """reset/state for a program that changes the model's parameters and gradients."""
-    saved = copy.deepcopy(model.state_dict())
-
-    def reset() -> None:
-        model.load_state_dict(saved)
-        for p in model.parameters():
-            p.grad = None
-
-    def state() -> list:
-        return [(p.detach().clone(), p.grad) for p in model.parameters()]
-
-    return {"reset": reset, "state": state}
 
 
 # wrong answers
@@ -106,7 +84,7 @@ def test_clip_grad_norm_in_a_training_step(norm_type):
         torch.nn.utils.clip_grad_value_(model.parameters(), clip_value=0.05)
         return torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1, norm_type=norm_type)
 
-    check(step, _data, **_restoring(model))
+    check(step, classification_batch, **restoring(model))
 
 
 def test_all_over_a_generator_made_after_a_break():
@@ -120,7 +98,7 @@ def test_all_over_a_generator_made_after_a_break():
             p.grad.div_(1024.0)
         return loss.detach(), all(torch.isfinite(p.grad).all() for p in model.parameters())
 
-    check(step, _data, **_restoring(model))
+    check(step, classification_batch, **restoring(model))
 
 
 PARAMS = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(4)) for _ in range(3)])
@@ -319,7 +297,7 @@ def test_manual_sgd_step_clears_grads():
                 p.grad = None
         return loss.detach()
 
-    check(step, _data, **_restoring(model))
+    check(step, classification_batch, **restoring(model))
 
 
 def test_grad_of_another_size_is_eagers_error():
