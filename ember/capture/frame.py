@@ -209,6 +209,30 @@ class _ResumesIntoItself(Exception):
         self.reason = reason
 
 
+_MOVES_ONLY = frozenset(
+    """END_FOR POP_TOP SWAP COPY NOP STORE_FAST LOAD_FAST LOAD_FAST_CHECK LOAD_FAST_AND_CLEAR
+    LOAD_FAST_LOAD_FAST STORE_FAST_STORE_FAST STORE_FAST_LOAD_FAST LOAD_CONST BUILD_TUPLE
+    BUILD_LIST RETURN_VALUE RETURN_CONST""".split()
+)
+
+
+def _nothing_to_capture_after_the_loop(insts: list, at: Any) -> bool:
+    """Whether the code after the innermost `for` loop around the break `at` only moves
+    values to the return (a comprehension's list). A resume function that breaks into
+    itself runs as written only then: as written, whatever comes after the loop (the head
+    after a loop over FSDP1 blocks) would run uncompiled on every call, so there the loop
+    keeps a capture per remaining item instead, whose last one compiles the rest."""
+    loops = [i for i in insts[: at.index] if i.opname == "FOR_ITER" and i.target > at.index]
+    if not loops:
+        return True
+    for inst in insts[loops[-1].target :]:
+        if inst.opname not in _MOVES_ONLY:
+            return False
+        if inst.opname.startswith("RETURN"):
+            return True
+    return False
+
+
 def _as_written(fn: types.FunctionType, reason: Unsupported) -> CacheEntry:
     """An entry that runs `fn` itself, for any arguments: the break it repeats was counted
     where it was first taken (the capture that made this resume function), so it is not
@@ -284,7 +308,8 @@ def _capture(
             code = build_break_replacement(fn.__code__, compiled_name, harvest, ctx.effects, site)
     except Unsupported as exc:  # the break's own reason first: it is what to change
         raise _runs_eagerly(brk.reason, f"and at the break, {exc.detail}") from exc
-    if host is tracer and compiled_name is None and any(r is fn for r in made):
+    repeats = host is tracer and compiled_name is None and any(r is fn for r in made)
+    if repeats and _nothing_to_capture_after_the_loop(host.insts, brk.inst):
         raise _ResumesIntoItself(brk.reason)
     return ctx, tracer, brk, harvest, compiled_name, code
 

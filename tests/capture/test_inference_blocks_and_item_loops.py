@@ -20,7 +20,7 @@ from fidelity_harness import check, classification_batch, restoring, tensors
 from torch import nn
 
 import ember
-from ember.testing import CountingBackend, assert_same
+from ember.testing import CompileCounter, CountingBackend, assert_same
 
 
 def _leaf(*shape: int):
@@ -260,3 +260,29 @@ def test_loop_that_mutates_outside_state_between_items():
         seen.clear()
 
     check(f, lambda: (list(tensors((1,), (1,), (1,))()),), state=lambda: list(seen), reset=reset)
+
+
+@torch.compiler.disable
+def _opaque_block(x):
+    return x.cos()
+
+
+def blocks_then_head(x):
+    for _ in range(3):
+        x = _opaque_block(x)
+    return x * 2 + 1
+
+
+def test_a_loop_of_breaks_with_work_after_it_compiles_the_work():
+    """Each iteration breaks at a disabled call and does nothing else (the resume function
+    resumes into itself), but after the loop comes tensor work: it must reach a graph, not run
+    as written with the loop (a loop over FSDP1 blocks, then the head)."""
+    ember.reset()
+    counter = CompileCounter()
+    compiled = ember.compile(blocks_then_head, backend=counter)
+    for _ in range(2):
+        x = torch.randn(4)
+        assert_same(compiled(x), blocks_then_head(x))
+    assert counter.op_count == 2, counter.op_count
+    counts = check(blocks_then_head, tensors((4,)))
+    assert counts.ops == 2
