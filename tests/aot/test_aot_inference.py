@@ -171,6 +171,27 @@ def test_each_mutated_input_checked_against_inputs_before_and_after_it():
     torch.testing.assert_close((b, c), (fresh[1] + 1, fresh[2] * 2))
 
 
+def test_aliasing_check_fast_path_and_its_exceptions():
+    """The C-level pass (program.py `_distinct_storages`) accepts distinct storages; where
+    it cannot tell (a storage shared with an empty view, a symbolic-size-like int input
+    among the tensors) the exact check decides: an empty view shares no memory."""
+
+    def f(a, b, c):
+        b.add_(1)
+        return (a + c.sum(),)
+
+    fresh = [torch.randn(4), torch.randn(4), torch.randn(3)]
+    fn = aot_eager(fx.symbolic_trace(f), _clone(fresh))
+    a, b, c = _clone(fresh)
+    fn(a, b, c)
+    torch.testing.assert_close(b, fresh[1] + 1)
+    empty = b[:0]  # same storage as b, no elements
+    out = fn(a, b, empty)[0]
+    torch.testing.assert_close((out, b), (a.clone(), fresh[1] + 2))
+    with pytest.raises(TraceError, match="shares memory"):
+        fn(a, b, b[1:])
+
+
 def test_aliased_inputs_that_are_only_read_are_fine():
     def f(x, y):
         return (x * 2 + y.view(-1),)

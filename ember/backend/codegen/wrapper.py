@@ -8,7 +8,6 @@ types preset, data pointers as ints), one torch call per extern. The source only
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
@@ -109,13 +108,8 @@ class _Writer:
                 self.var[donor] = b  # an in-place kernel still reads it, under b's name
                 continue
             lay, dt = buf.layout, _torch_dtype(buf.dtype)
-            if lay == Layout.contiguous(lay.size):
-                # ints parse faster than a tuple
-                dims = "".join(f"{sizes.py(d)}, " for d in lay.size) if lay.size else "(), "
-                self.body.append(f"    {b} = _empty({dims}dtype={dt})")
-            else:
-                size, stride = py_tuple(lay.size), py_tuple(lay.stride)
-                self.body.append(f"    {b} = _empty_strided({size}, {stride}, dtype={dt})")
+            size, stride = py_tuple(lay.size), py_tuple(lay.stride)
+            self.body.append(f"    {b} = _new({size}, {stride}, {dt})")
             self.var[b], self.actual[b] = b, lay
         if k.name in self.launches:  # a Triton kernel: tensors and sizes, then its grid
             args = ", ".join(self.var.get(b, b) for b in self.params[k.name])
@@ -211,6 +205,17 @@ def _fix(t: torch.Tensor, size: tuple, stride: tuple) -> torch.Tensor:
     return out
 
 
+def _allocator(device: torch.device) -> Any:
+    """`_new(size, stride, dtype)` of the wrapper on a device other than the CPU (whose
+    buffers come from torch_compat.empty_strided_cpu: a third of `torch.empty`'s cost,
+    which a conv net's training step calls ~600 times)."""
+
+    def new(size: tuple, stride: tuple, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty_strided(size, stride, dtype=dtype, device=device)
+
+    return new
+
+
 def grid(xnumel: int) -> Any:
     """A Triton launch grid as a function of the launch's block sizes: enough programs of
     XBLOCK points each to cover `xnumel` (Triton calls it with the constexprs it launches
@@ -231,13 +236,10 @@ def instantiate(
 ) -> Any:
     """Execute wrapper source with kernel functions and graph constants bound; returns `call`.
     Buffers are allocated on `device` (on a GPU, from torch's caching allocator)."""
-    on = {} if device is None or device.type == "cpu" else {"device": device}
+    on_cpu = device is None or device.type == "cpu"
     scope: dict[str, Any] = {
         **constants,
-        "_empty": functools.partial(torch.empty, **on) if on else torch.empty,
-        "_empty_strided": functools.partial(torch.empty_strided, **on)
-        if on
-        else torch.empty_strided,
+        "_new": torch_compat.empty_strided_cpu if on_cpu else _allocator(device),
         "_as": torch.as_strided,
         "_alias": torch_compat.reinterpret_tensor,
         "_fix": _fix,
