@@ -737,6 +737,12 @@ class SuperValue(Value):
                 if isinstance(attr, types.FunctionType) and of_a_class:
                     return UserFunctionValue(attr)  # looked up on a class: not bound
                 if isinstance(attr, types.FunctionType):
+                    if name == "_init_group" and issubclass(mro[0], torch.optim.Optimizer):
+                        from ember.capture.values.optimizers import super_init_group
+
+                        run_ahead = super_init_group(self.obj, klass, attr)
+                        if run_ahead is not None:
+                            return run_ahead
                     return BoundMethodValue(UserFunctionValue(attr), self.obj)
                 if attr is object.__init__ or attr is torch.nn.Module.__init__:
                     return BuiltinMethodValue(object.__init__, self.obj)
