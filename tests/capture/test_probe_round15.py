@@ -136,3 +136,288 @@ def test_sgd_subclass_super_init_group_runs_ahead():
         )
 
     assert counts(CountingSGD).breaks == counts(torch.optim.SGD).breaks
+
+
+# --- generator.throw() / close(): a crash (the generator was handed on settled, as a tuple
+# iterator, to the break at the call) and 3 breaks where Dynamo has none
+
+
+def _catching():
+    try:
+        yield 1
+    except ValueError:
+        yield 2
+    yield 3
+
+
+def p_gen_throw_caught(x):
+    g = _catching()
+    a = next(g)
+    b = g.throw(ValueError)
+    return x + a + b + next(g)
+
+
+def p_gen_throw_uncaught(x):
+    def g():
+        yield 1
+        yield 2
+
+    it = g()
+    next(it)
+    try:
+        it.throw(KeyError("k"))
+    except KeyError as e:
+        caught = e.args[0]
+    return x + 1, caught, list(it)
+
+
+def p_gen_throw_returns(x):
+    def g():
+        try:
+            yield x
+        except ValueError:
+            return 7
+
+    it = g()
+    a = next(it)
+    try:
+        it.throw(ValueError("v"))
+    except StopIteration as stop:
+        return a + stop.value
+
+
+def _closing(log):
+    try:
+        yield 1
+        yield 2
+    finally:
+        log.append("closed")
+
+
+def p_gen_close(x):
+    log = []
+    g = _closing(log)
+    a = next(g)
+    g.close()
+    g.close()
+    return x + a, log, list(g)
+
+
+def p_gen_close_ignored(x):
+    def g():
+        while True:
+            try:
+                yield x
+            except GeneratorExit:
+                pass
+
+    it = g()
+    next(it)
+    try:
+        it.close()
+    except RuntimeError as e:
+        message = str(e)
+    return x + 1, message
+
+
+def p_gen_close_unstarted(x):
+    def g():
+        yield x
+
+    it = g()
+    it.close()
+    return list(it), x
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.parametrize(
+    "fn",
+    [
+        p_gen_throw_caught,
+        p_gen_throw_uncaught,
+        p_gen_throw_returns,
+        p_gen_close,
+        p_gen_close_ignored,
+        p_gen_close_unstarted,
+    ],
+)
+def test_generator_throw_and_close(fn):
+    counts = check(fn, tensors((3, 4)))
+    assert counts.breaks == 0
+
+
+def p_islice_of_outside_generator(x, gen):
+    import itertools
+
+    return [x * v for v in itertools.islice(gen, 2)], next(gen)
+
+
+def test_generator_from_outside_consumed_by_islice():
+    """A generator made by CPython (an argument, or made at a break: traceback.print_stack
+    walks one) handed to a consumer that pulls in the trace: a break, not an AttributeError
+    from ember's model of islice."""
+    check(
+        p_islice_of_outside_generator,
+        lambda: (torch.ones(2), (i for i in range(5))),
+        compare_args=False,
+        dynamo=False,
+        eager_frames=1,  # GET_ITER of the islice CPython made at the break cannot resume
+    )
+
+
+# --- conjugate and negative views as inputs: the example had neither bit, so the trace's
+# `resolve_conj()` was the identity and view_as_real raised at run time
+
+
+def _conj():
+    gen = torch.Generator().manual_seed(0)
+    return (torch.randn(3, dtype=torch.complex64, generator=gen).conj(),)
+
+
+def _neg():
+    gen = torch.Generator().manual_seed(0)
+    return (torch.randn(3, dtype=torch.complex64, generator=gen)._neg_view(),)
+
+
+def p_conj_resolve(x):
+    return x.resolve_conj() + 1, x.conj().is_conj(), torch.view_as_real(x.resolve_conj())
+
+
+def p_neg_resolve(x):
+    return x.resolve_neg(), x.resolve_neg().is_neg(), x * 1, x.is_neg()
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_conj_and_neg_view_inputs(backend):
+    check(p_conj_resolve, _conj, backend=backend)
+    check(p_neg_resolve, _neg, backend=backend)
+
+
+# --- a metaclass's own __call__ was skipped: the object was made as type.__call__ makes it
+
+
+class _Tagging(type):
+    def __call__(cls, *args):
+        obj = super().__call__(*args)
+        obj.tagged = True
+        return obj
+
+
+class _Tagged(metaclass=_Tagging):
+    def __init__(self, v):
+        self.v = v
+
+
+class _Singleton(type):
+    instances: dict = {}
+
+    def __call__(cls, *args, **kwargs):
+        if cls not in cls.instances:
+            cls.instances[cls] = super().__call__(*args, **kwargs)
+        return cls.instances[cls]
+
+
+class _Config(metaclass=_Singleton):
+    def __init__(self, v=3):
+        self.v = v
+
+
+def p_metaclass_call(x):
+    o = _Tagged(2)
+    return x * o.v, o.tagged
+
+
+def p_singleton_metaclass(x):
+    a = _Config()
+    b = _Config(5)
+    return x * a.v, a is b
+
+
+def test_metaclass_call():
+    check(p_metaclass_call, tensors((3,)))
+    check(
+        p_singleton_metaclass,
+        tensors((3,)),
+        state=lambda: len(_Singleton.instances),
+        reset=_Singleton.instances.clear,
+    )
+
+
+# --- objects that are their own iterator (`__iter__` returns self, `__next__` in Python):
+# the whole frame ran eagerly at GET_ITER, and next() broke; Dynamo captures them
+
+
+class _Count:
+    def __init__(self, n):
+        self.n = n
+        self.i = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.i >= self.n:
+            raise StopIteration
+        self.i += 1
+        return self.i
+
+
+class _Countdown:
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.n <= 0:
+            raise StopIteration
+        self.n -= 1
+        return self.n
+
+
+_COUNTDOWN = _Countdown(0)
+
+
+def p_iterator_object_loop(x):
+    for i in _Count(3):
+        x = x + i
+    return x, [x * a + b for a, b in zip(_Count(2), _Count(3))]
+
+
+def p_iterator_object_next(x):
+    it = _Count(1)
+    return x + next(it), next(it, 9), iter(it) is it, sorted(_Count(3), reverse=True)
+
+
+def p_outside_iterator_stopped_early(x):
+    for i in _COUNTDOWN:  # pulled only as far as the loop goes
+        x = x + i
+        if i == 2:
+            break
+    return x, next(_COUNTDOWN), _COUNTDOWN.n
+
+
+def p_iterator_object_loop_with_break(x):
+    for i in _Count(3):
+        print("step", i)
+        x = x * i
+    return x
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        p_iterator_object_loop,
+        p_iterator_object_next,
+        p_outside_iterator_stopped_early,
+        p_iterator_object_loop_with_break,
+    ],
+)
+def test_objects_that_are_their_own_iterator(fn):
+    check(
+        fn,
+        tensors((3,)),
+        state=lambda: _COUNTDOWN.n,
+        reset=lambda: setattr(_COUNTDOWN, "n", 4),
+    )

@@ -568,13 +568,28 @@ class UserObjectValue(Value):
             # per-layer config view, iterated by every causal LM's cache setup)
             n = self.length(tx)
             return [self.getitem(tx, ConstantValue(i)) for i in range(n)]
-        method = self.type_method(tx, "__iter__")
-        if method is None:
-            return super().iterate(tx)
-        iterator = method.call(tx, [], {})
-        if iterator is self:  # its own iterator: stepping it means modelling __next__
+        iterator = self.iterator(tx)
+        if iterator is None:
             return super().iterate(tx)
         return iterator_over(tx, iterator).iterate(tx)
+
+    def iterator(self, tx: Translator) -> Value | None:
+        """`iter(self)` through its class's Python `__iter__` (None without one). An object
+        that is its own iterator is stepped through its `__next__` when pulled
+        (ObjectIterator), never ahead: the loop's body may change what `__next__` reads."""
+        from ember.capture.values.iterators import ObjectIterator
+
+        if python_override(self.cls, "__iter__") is collections.abc.Sequence.__iter__:
+            return None
+        method = self.type_method(tx, "__iter__")
+        if method is None:
+            return None
+        iterator = method.call(tx, [], {})
+        if iterator is not self:
+            return iterator
+        if not isinstance(python_override(self.cls, "__next__"), types.FunctionType):
+            raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"iterating over {self.describe()}")
+        return ObjectIterator(self)
 
     def children(self) -> list[Value]:
         return list(self.attrs.values())
