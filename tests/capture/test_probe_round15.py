@@ -421,3 +421,123 @@ def test_objects_that_are_their_own_iterator(fn):
         state=lambda: _COUNTDOWN.n,
         reset=lambda: setattr(_COUNTDOWN, "n", 4),
     )
+
+
+# --- f-strings: formatting a tensor (a break: Dynamo breaks there too) ran the whole frame
+# eagerly, FORMAT_VALUE not being resumable; a list of objects with their own __repr__
+# was refused
+
+
+class _Pt:
+    def __init__(self, v):
+        self.v = v
+
+    def __repr__(self):
+        return f"_Pt({self.v})"
+
+
+def p_fstring_of_tensor(x):
+    y = x + 1
+    text = f"loss {y.sum():.3f} {y.shape}"
+    return y * 2, len(text) > 0
+
+
+def p_fstring_of_list_of_objects(x):
+    points = [_Pt(1), _Pt(2)]
+    return x + 1, f"{points}", repr((_Pt(3),)), f"{points!r:}", str([_Pt(4), 5, "a"])
+
+
+def test_fstrings():
+    check(p_fstring_of_tensor, tensors((3,)))
+    check(p_fstring_of_list_of_objects, tensors((3,)), dynamo=False)  # Dynamo: AttributeError
+
+
+# --- user __eq__/__hash__ outside dicts: list.index/count, hash(), a class that defines only
+# __eq__ (unhashable); old-style iteration through __getitem__; __slots__ of objects made in
+# the trace (each a break or an eager frame before; Dynamo captures them)
+
+
+class _Key:
+    def __init__(self, k):
+        self.k = k
+
+    def __hash__(self):
+        return hash(self.k)
+
+    def __eq__(self, other):
+        return isinstance(other, _Key) and self.k == other.k
+
+
+class _EqOnly:
+    def __init__(self, v):
+        self.v = v
+
+    def __eq__(self, other):
+        return self.v == other.v
+
+
+def p_index_count_with_user_eq(x):
+    keys = [_Key(1), _Key(2), _Key(1)]
+    return x + keys.index(_Key(2)), keys.count(_Key(1)), (_Key(3), _Key(1)).index(_Key(1))
+
+
+def p_hash_of_objects(x):
+    try:
+        hash(_EqOnly(1))
+        unhashable = False
+    except TypeError as e:
+        unhashable = str(e)
+    return x + hash(_Key(3)) % 7, hash(_Key(2)) == hash(_Key(2)), unhashable
+
+
+class _OldSeq:
+    def __init__(self, n):
+        self.n = n
+
+    def __getitem__(self, i):
+        if i >= self.n:
+            raise IndexError(i)
+        return i * 10
+
+
+def p_getitem_iteration(x):
+    return [x + v for v in _OldSeq(3)], 10 in _OldSeq(2), list(_OldSeq(0))
+
+
+class _Slotted:
+    __slots__ = ("a", "b")
+
+    def __init__(self, a):
+        self.a = a
+
+
+def p_slots_of_new_object(x):
+    s = _Slotted(x)
+    try:
+        unset = s.b is None  # an unset slot raises
+    except AttributeError:
+        unset = True
+    s.b = x + 1
+    return s.a + s.b, unset, hasattr(s, "b"), hasattr(_Slotted(1), "b")
+
+
+def p_slotted_object_escapes(x):
+    s = _Slotted(x + 1)
+    s.b = 4
+    return s
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [p_index_count_with_user_eq, p_hash_of_objects, p_getitem_iteration, p_slots_of_new_object],
+)
+def test_user_objects_without_breaks(fn):
+    assert check(fn, tensors((3,))).breaks == 0
+
+
+def test_slotted_object_made_in_trace_escapes():
+    compiled = ember.compile(p_slotted_object_escapes)
+    x = torch.ones(2)
+    out = compiled(x)
+    assert type(out) is _Slotted and out.b == 4
+    torch.testing.assert_close(out.a, x + 1)

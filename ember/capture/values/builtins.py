@@ -223,6 +223,30 @@ def _len(tx, args, kwargs):
     return ConstantValue(args[0].length(tx))
 
 
+@handles(hash)
+def _hash(tx, args, kwargs):
+    """`hash(obj)` of a class written in Python: its `__hash__` inlined (the int it gives,
+    reduced as hash() reduces it), or the TypeError of a class that set it to None (one
+    that defines `__eq__` only). Constants fold; other objects break as before."""
+    from ember.capture.values.exceptions import ExceptionValue
+    from ember.capture.values.functions import BuiltinValue
+    from ember.capture.values.objects import UserObjectValue
+
+    obj = args[0] if len(args) == 1 and not kwargs else None
+    if isinstance(obj, UserObjectValue) and not isinstance(obj, ExceptionValue):
+        method = next(
+            (k.__dict__["__hash__"] for k in obj.cls.__mro__ if "__hash__" in k.__dict__), None
+        )
+        if method is None:
+            message = f"unhashable type: '{obj.cls.__name__}'"
+            raise_in_trace(tx, TypeError, [ConstantValue(message)], f"TypeError: {message}")
+        if isinstance(method, types.FunctionType):
+            result = obj.type_method(tx, "__hash__").call(tx, [], {})
+            if result.is_constant() and type(result.as_constant()) is int:
+                return ConstantValue(hash(result.as_constant()))
+    return BuiltinValue(hash).call_unlisted(tx, args, kwargs)
+
+
 @handles(isinstance)
 def _isinstance(tx, args, kwargs):
     cls = args[1].as_constant()

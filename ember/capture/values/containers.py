@@ -100,9 +100,24 @@ class SequenceValue(Value):
             return ConstantValue(self.as_constant().index(*(a.as_constant() for a in args)))
         if name == "count" and all_constant(args) and self.is_constant():
             return ConstantValue(self.as_constant().count(args[0].as_constant()))
+        if name in ("index", "count") and len(args) == 1 and not kwargs:
+            return self._scan(tx, name, args[0])
         raise Unsupported(
             BreakReason.UNSUPPORTED_CALL, f"{self.python_type().__name__}.{name}() here"
         )
+
+    def _scan(self, tx: Translator, name: str, item: Value) -> Value:
+        """`index`/`count` of items that are not all constants: each item compared as
+        CPython does (`el is item or el == item`, a class's own `__eq__` inlined), `index`
+        stopping at the first match. A missing item is a break (CPython's ValueError)."""
+        from ember.capture.operators import same_value
+
+        if name == "count":
+            return ConstantValue(sum(same_value(tx, v, item) for v in list(self.items)))
+        for i, v in enumerate(list(self.items)):
+            if same_value(tx, v, item):
+                return ConstantValue(i)
+        raise Unsupported(BreakReason.EXCEPTION_RAISED, f"ValueError: {name}() of a missing item")
 
     def getattr(self, tx: Translator, name: str) -> Value:
         from ember.capture.values.functions import MethodValue

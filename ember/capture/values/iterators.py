@@ -703,11 +703,14 @@ class ObjectIterator(LazyIterator):
     """An object of a class written in Python that is its own iterator (`__iter__` returns
     self): each pull calls its `__next__` (inlined) when the consumer pulls, a StopIteration
     raised there ending it. The real iterator is the object itself, so at a graph break it
-    is handed on as that object (its attribute writes replayed), not computed ahead."""
+    is handed on as that object (its attribute writes replayed), not computed ahead.
+    `by_index`: a class with `__getitem__` and no `__iter__` (the old sequence protocol):
+    `obj[0]`, `obj[1]`, ... until one raises IndexError."""
 
-    def __init__(self, obj: Value) -> None:
+    def __init__(self, obj: Value, by_index: bool = False) -> None:
         super().__init__()
         self.obj = obj
+        self.index: int | None = 0 if by_index else None
 
     def describe(self) -> str:
         return f"iterator {self.obj.describe()}"
@@ -718,16 +721,23 @@ class ObjectIterator(LazyIterator):
     def pull(self, tx: Translator) -> Value | None:
         from ember.capture.values.exceptions import TracedRaise
 
-        method = self.obj.type_method(tx, "__next__")
+        if self.index is None:
+            method, args, ends = self.obj.type_method(tx, "__next__"), [], StopIteration
+        else:
+            method, args, ends = self.obj.type_method(tx, "__getitem__"), [], IndexError
+            args, self.index = [ConstantValue(self.index)], self.index + 1
         try:
-            return method.call(tx, [], {})
+            return method.call(tx, args, {})
         except TracedRaise as raised:
-            if issubclass(raised.value.cls, StopIteration):
+            if issubclass(raised.value.cls, ends):
                 return None
             raise
 
     def settle(self, tx: Translator) -> None:
-        """Nothing to compute ahead: break code hands on the object itself."""
+        """Nothing to compute ahead: break code hands on the object itself (an index
+        iterator cannot be: it is computed ahead as other iterators are)."""
+        if self.index is not None:
+            super().settle(tx)
 
     def lazily_rebuildable(self) -> bool:
         return False
@@ -736,4 +746,6 @@ class ObjectIterator(LazyIterator):
         return [self.obj]
 
     def reconstruct(self, em: Emitter) -> None:
+        if self.index is not None:
+            return super().reconstruct(em)
         em.reconstruct(self.obj)
