@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from ember import torch_compat
+
 META = torch.device("meta")
 
 
@@ -29,6 +31,12 @@ def to_meta(real: torch.Tensor) -> torch.Tensor:
         extent += sum((s - 1) * st for s, st in zip(real.shape, real.stride(), strict=True))
         base = torch.empty(extent if real.numel() else 0, dtype=real.dtype, device=META)
         meta = base.as_strided(real.shape, real.stride(), real.storage_offset())
+    # the lazy conjugate / negative bits of a view (`x.conj()`): what the trace's ops on
+    # the example answer (`is_conj()`, `resolve_conj()`, view_as_real refusing) depends on them
+    if real.is_conj():
+        torch_compat.set_conj(meta, True)
+    if real.is_neg():
+        torch_compat.set_neg(meta, True)
     if real.requires_grad:
         meta.requires_grad_(True)
         if not real.is_leaf:

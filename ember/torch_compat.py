@@ -118,6 +118,9 @@ has_torch_function_variadic: Callable[..., bool] = _resolve("_C._has_torch_funct
 """The checks torch's Python functions make before handing a call to __torch_function__."""
 """A tensor subclass's `__torch_function__` that skips the subclass at the Python level, so
 only its `__torch_dispatch__` sees ops (capture/autocast.py's probe)."""
+set_conj: Callable[[torch.Tensor, bool], None] = _resolve("_C._set_conj")
+set_neg: Callable[[torch.Tensor, bool], None] = _resolve("_C._set_neg")
+"""Set a tensor's lazy conjugate / negative bit in place (meta examples of such views)."""
 
 
 def storage_use_count(t: torch.Tensor) -> int:

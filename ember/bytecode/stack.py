@@ -53,6 +53,10 @@ _OPERANDS: dict[Op, Callable[[int], tuple[int, int]]] = {
     Op.DELETE_ATTR: lambda arg: (1, 0),
     Op.STORE_SUBSCR: lambda arg: (3, 0),
     Op.DELETE_SUBSCR: lambda arg: (2, 0),
+    Op.FORMAT_VALUE: lambda arg: (2 if arg & 0x04 else 1, 1),  # the value (and its spec)
+    Op.FORMAT_SIMPLE: lambda arg: (1, 1),
+    Op.FORMAT_WITH_SPEC: lambda arg: (2, 1),
+    Op.CONVERT_VALUE: lambda arg: (1, 1),
 }
 
 

@@ -735,12 +735,16 @@ _REPLAYABLE = frozenset(
         Op.CHECK_EG_MATCH,
         Op.PREP_RERAISE_STAR,
         Op.CALL_INTRINSIC_2,
+        Op.FORMAT_VALUE,
+        Op.FORMAT_SIMPLE,
+        Op.FORMAT_WITH_SPEC,
+        Op.CONVERT_VALUE,
     }
 )
 """Instructions other than calls that break code can run in CPython as they are
 (`x[mask]`, `t.grad`, `del obj.attr` break here; BEFORE_WITH where the `__exit__` of a
 context manager could not be rebuilt later in the block; an `except*` clause's matching and
-re-raising of exception groups)."""
+re-raising of exception groups; an f-string's formatting of a tensor)."""
 
 
 class _Probe(Emitter):

@@ -18,7 +18,7 @@ from ember.capture.values.exceptions import (
     python_error,
 )
 from ember.capture.values.functions import NestedFunctionValue
-from ember.capture.values.objects import SuperValue
+from ember.capture.values.super_value import SuperValue
 from ember.errors import BreakReason, Unsupported
 
 

@@ -194,10 +194,24 @@ def _format(tx, value: Value, spec: str) -> Value:
 
 
 def _text(tx, value: Value, kind, spec: str = "") -> Value | None:
-    """An object's own `__str__`/`__repr__`/`__format__`, written in Python, inlined."""
+    """An object's own `__str__`/`__repr__`/`__format__`, written in Python, inlined; a
+    plain list or tuple holding such objects: its items' reprs, as list.__repr__ joins them."""
     if isinstance(value, UserObjectValue | ModuleValue) and kind in (str, repr, format):
         return value.text(tx, kind, spec)
+    if kind in (str, repr, format) and not spec and not value.is_constant():
+        kind_of = value.python_type() if isinstance(value, ListValue | TupleValue) else None
+        if kind_of in (list, tuple):
+            items = value.iterate(tx)
+            parts = [_repr_text(tx, item) for item in items]
+            if kind_of is list:
+                return ConstantValue("[" + ", ".join(parts) + "]")
+            return ConstantValue("(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")")
     return None
+
+
+def _repr_text(tx, item: Value) -> str:
+    text = _text(tx, item, repr)
+    return repr(_known(item, "formatting")) if text is None else _known(text, "formatting")
 
 
 @handler(Op.FORMAT_VALUE)

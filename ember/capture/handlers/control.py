@@ -12,7 +12,7 @@ from ember.bytecode import Op, stack_effect
 from ember.capture.autocast import AutocastMode
 from ember.capture.handlers import handler
 from ember.capture.values.base import ConstantValue, Value
-from ember.capture.values.containers import IteratorValue, iterator_over
+from ember.capture.values.containers import IteratorValue, iter_of
 from ember.capture.values.inference_mode import InferenceModeValue, enter_again
 from ember.capture.values.objects import GradModeValue, UserObjectValue
 from ember.errors import BreakReason, Unsupported
@@ -67,7 +67,7 @@ handler(Op.JUMP_IF_FALSE_OR_POP)(_jump_or_pop(False))
 
 @handler(Op.GET_ITER)
 def get_iter(tx, inst):
-    tx.push(iterator_over(tx, tx.pop()))
+    tx.push(iter_of(tx, tx.pop()))
 
 
 @handler(Op.FOR_ITER)

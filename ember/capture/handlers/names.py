@@ -6,7 +6,8 @@ from ember.bytecode import Op, with_null
 from ember.capture.handlers import handler
 from ember.capture.values.base import NULL, Value, attribute
 from ember.capture.values.functions import RealCell
-from ember.capture.values.objects import CellValue, SuperValue
+from ember.capture.values.objects import CellValue
+from ember.capture.values.super_value import SuperValue
 from ember.errors import BreakReason, Unsupported
 
 

@@ -41,6 +41,7 @@ from ember.capture.values.containers import (
     ListValue,
     SliceValue,
     TupleValue,
+    iter_of,
     iterator_over,
 )
 from ember.capture.values.exceptions import TracedRaise, raise_in_trace
@@ -222,6 +223,30 @@ def _len(tx, args, kwargs):
     return ConstantValue(args[0].length(tx))
 
 
+@handles(hash)
+def _hash(tx, args, kwargs):
+    """`hash(obj)` of a class written in Python: its `__hash__` inlined (the int it gives,
+    reduced as hash() reduces it), or the TypeError of a class that set it to None (one
+    that defines `__eq__` only). Constants fold; other objects break as before."""
+    from ember.capture.values.exceptions import ExceptionValue
+    from ember.capture.values.functions import BuiltinValue
+    from ember.capture.values.objects import UserObjectValue
+
+    obj = args[0] if len(args) == 1 and not kwargs else None
+    if isinstance(obj, UserObjectValue) and not isinstance(obj, ExceptionValue):
+        method = next(
+            (k.__dict__["__hash__"] for k in obj.cls.__mro__ if "__hash__" in k.__dict__), None
+        )
+        if method is None:
+            message = f"unhashable type: '{obj.cls.__name__}'"
+            raise_in_trace(tx, TypeError, [ConstantValue(message)], f"TypeError: {message}")
+        if isinstance(method, types.FunctionType):
+            result = obj.type_method(tx, "__hash__").call(tx, [], {})
+            if result.is_constant() and type(result.as_constant()) is int:
+                return ConstantValue(hash(result.as_constant()))
+    return BuiltinValue(hash).call_unlisted(tx, args, kwargs)
+
+
 @handles(isinstance)
 def _isinstance(tx, args, kwargs):
     cls = args[1].as_constant()
@@ -369,12 +394,20 @@ def _reversed(tx, args, kwargs):
 
 @handles(iter)
 def _iter(tx, args, kwargs):
-    return iterator_over(tx, args[0])
+    from ember.capture.values.iterators import ObjectIterator
+
+    it = iter_of(tx, args[0])
+    return it.obj if isinstance(it, ObjectIterator) else it  # `iter(obj) is obj`
 
 
 @handles(next)
 def _next(tx, args, kwargs):
+    from ember.capture.values.exceptions import ExceptionValue
+    from ember.capture.values.objects import UserObjectValue
+
     it = args[0]
+    if isinstance(it, UserObjectValue) and not isinstance(it, ExceptionValue):
+        return _next_of_object(tx, it, args[1:])
     if not isinstance(it, IteratorValue):
         raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"next() on {it.describe()}")
     value = it.next(tx)
@@ -383,6 +416,24 @@ def _next(tx, args, kwargs):
             return args[1]
         raise_in_trace(tx, StopIteration, it.stop_arguments(), "StopIteration from next()")
     return value
+
+
+def _next_of_object(tx, obj, default: list) -> Value:
+    """`next(obj)` of a class written in Python: its `__next__`, inlined; a StopIteration
+    it raises gives the default, if there is one."""
+    from ember.capture.values.objects import python_override
+
+    method = obj.type_method(tx, "__next__")
+    if method is None or not isinstance(python_override(obj.cls, "__next__"), types.FunctionType):
+        raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"next() on {obj.describe()}")
+    if not default:
+        return method.call(tx, [], {})
+    try:
+        return method.call(tx, [], {})
+    except TracedRaise as raised:
+        if issubclass(raised.value.cls, StopIteration):
+            return default[0]
+        raise
 
 
 @handles(list)
@@ -531,11 +582,7 @@ def _sum(tx, args, kwargs):
 
 def _any_all(fn: Any) -> Handler:
     def handler(tx, args, kwargs):  # stops at the first deciding item, as Python does
-        iterator = iterator_over(tx, args[0])
-        if not isinstance(iterator, IteratorValue):  # a generator CPython made: at a break
-            raise Unsupported(
-                BreakReason.UNSUPPORTED_CALL, f"{fn.__name__}() of {iterator.describe()}"
-            )
+        iterator = iterator_over(tx, args[0])  # a generator CPython made: a break
         return ConstantValue(fn(v.truth(tx) for v in iter(lambda: iterator.next(tx), None)))
 
     return handler

@@ -147,6 +147,24 @@ class ClassValue(Value):
                 fn = UserFunctionValue(fn.fn)
             if isinstance(fn, UserFunctionValue):
                 return BoundMethodValue(fn, args[1])
+        meta_call = type(cls).__call__
+        if meta_call is not type.__call__ and isinstance(meta_call, types.FunctionType):
+            # a metaclass's own __call__ (which usually calls type.__call__ through super())
+            return UserFunctionValue(meta_call).call(tx, [self, *args], kwargs)
+        return self.construct(tx, args, kwargs)
+
+    def builtin_method(
+        self, tx: Translator, descriptor: Any, args: list[Value], kwargs: dict[str, Value]
+    ) -> Value:
+        """`type.__call__(cls, ...)` reached through `super().__call__` in a metaclass:
+        the construction itself, without the metaclass's __call__ again."""
+        if descriptor is type.__call__:
+            return self.construct(tx, args, kwargs)
+        raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"builtin method {descriptor!r}")
+
+    def construct(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        """What `type.__call__` does for a class statement's class: `__new__`, `__init__`."""
+        cls = self.cls
         if not from_class_statement(cls):
             raise Unsupported(
                 BreakReason.UNSUPPORTED_CALL,

@@ -100,9 +100,24 @@ class SequenceValue(Value):
             return ConstantValue(self.as_constant().index(*(a.as_constant() for a in args)))
         if name == "count" and all_constant(args) and self.is_constant():
             return ConstantValue(self.as_constant().count(args[0].as_constant()))
+        if name in ("index", "count") and len(args) == 1 and not kwargs:
+            return self._scan(tx, name, args[0])
         raise Unsupported(
             BreakReason.UNSUPPORTED_CALL, f"{self.python_type().__name__}.{name}() here"
         )
+
+    def _scan(self, tx: Translator, name: str, item: Value) -> Value:
+        """`index`/`count` of items that are not all constants: each item compared as
+        CPython does (`el is item or el == item`, a class's own `__eq__` inlined), `index`
+        stopping at the first match. A missing item is a break (CPython's ValueError)."""
+        from ember.capture.operators import same_value
+
+        if name == "count":
+            return ConstantValue(sum(same_value(tx, v, item) for v in list(self.items)))
+        for i, v in enumerate(list(self.items)):
+            if same_value(tx, v, item):
+                return ConstantValue(i)
+        raise Unsupported(BreakReason.EXCEPTION_RAISED, f"ValueError: {name}() of a missing item")
 
     def getattr(self, tx: Translator, name: str) -> Value:
         from ember.capture.values.functions import MethodValue
@@ -677,17 +692,34 @@ def list_iterator_at(items: list, position: int) -> Any:
     return it
 
 
+def iter_of(tx: Translator, value: Value) -> Value:
+    """`iter(value)` for GET_ITER and the `iter()` builtin: as `iterator_over`, but a
+    generator from outside is itself (each pull is then a break of FOR_ITER or next())."""
+    if _is_opaque_generator(value):
+        return value
+    return iterator_over(tx, value)
+
+
 def iterator_over(tx: Translator, value: Value) -> IteratorValue:
-    """`iter(value)`. A list's iterator reads the list itself, as CPython's does, so items
-    appended while looping are visited (a work queue); other iterables are snapshots."""
+    """`iter(value)` for consumers that pull in the trace (zip, islice, sorted, ...). A
+    list's iterator reads the list itself, as CPython's does, so items appended while
+    looping are visited (a work queue); other iterables are snapshots. A generator from
+    outside cannot be pulled in the trace: a break where it is consumed."""
     if isinstance(value, IteratorValue):
         return value
     if _is_opaque_generator(value):
-        return value  # iter(g) is g: each pull is then a break of FOR_ITER or next()
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_CALL,
+            f"consuming {value.describe()}, a generator made outside the trace",
+        )
     if isinstance(value, ListValue):
         it = IteratorValue(value.items)
         it.of_list = value
         return it
+    own = getattr(value, "iterator", None)  # a class with a Python __iter__
+    iterator = own(tx) if own is not None else None
+    if iterator is not None:
+        return iterator_over(tx, iterator)
     return IteratorValue(value.iterate(tx))
 
 

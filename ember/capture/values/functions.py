@@ -427,17 +427,17 @@ class BoundMethodValue(Value):
         return self.fn.call(tx, [self.receiver, *args], kwargs)
 
     def reconstruct(self, em: Emitter) -> None:
+        """`types.MethodType(fn, receiver)`: the very function the trace bound. Loading
+        `receiver.<name>` instead finds whatever the receiver's class resolves the name to:
+        for a method reached through `super()` that is the subclass's override, which break
+        code would then run (again) in place of the base's method; and the attribute may be
+        named otherwise than the function (an lru_cache wrapper, an alias)."""
         if self.source is not None:
             return super().reconstruct(em)
-        fn = self.fn
-        if isinstance(fn, UserFunctionValue) and fn.cached_by is not None:
-            em.cg.load_const(types.MethodType, push_null=True)  # the attribute may be named
-            em.reconstruct(fn)  # otherwise than the function it caches
-            em.reconstruct(self.receiver)
-            em.cg.call(2)
-            return
+        em.cg.load_const(types.MethodType, push_null=True)
+        em.reconstruct(self.fn)
         em.reconstruct(self.receiver)
-        em.cg.load_attr(fn.fn.__name__ if isinstance(fn, UserFunctionValue) else fn.code.co_name)
+        em.cg.call(2)
 
     def getattr(self, tx: Translator, name: str) -> Value:
         if name == "__self__":

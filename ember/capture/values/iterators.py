@@ -355,21 +355,27 @@ class GeneratorIterator(LazyIterator):
     def getattr(self, tx: Translator, name: str) -> Value:
         from ember.capture.values.functions import MethodValue
 
-        if name == "send":
+        if name in ("send", "throw", "close"):
             return MethodValue(self, name)
         return super().getattr(tx, name)
 
     def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
         """`gen.send(value)`: the frame resumes with `value` as what its `yield` evaluates
         to (YIELD_VALUE left None there), and runs to its next yield."""
+        from ember.capture.values import generator_methods
         from ember.capture.values.exceptions import raise_in_trace
 
+        if self.position < len(self.items):
+            raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"{name}() on a generator pulled ahead")
+        if name == "throw" and 1 <= len(args) <= 3 and not kwargs:
+            exc = generator_methods.thrown_exception(tx, args)
+            return generator_methods.throw(tx, self, exc)
+        if name == "close" and not args and not kwargs:
+            return generator_methods.close(tx, self)
         if name != "send" or len(args) != 1 or kwargs:
             raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"generator.{name}() here")
         (value,) = args
         started = bool(self.items)
-        if self.position < len(self.items):
-            raise Unsupported(BreakReason.UNSUPPORTED_CALL, "send() to a generator pulled ahead")
         if not started and not (value.is_constant() and value.as_constant() is None):
             message = "can't send non-None value to a just-started generator"
             raise_in_trace(tx, TypeError, [ConstantValue(message)], f"TypeError: {message}")
@@ -691,3 +697,55 @@ def settle_iterators(tx: Translator, values: list[Value], lazy: frozenset[int]) 
                     f"ahead, nor made again ({exc.detail})"
                 )
             raise SettleFailed(exc, index, lazily, value, inner) from exc
+
+
+class ObjectIterator(LazyIterator):
+    """An object of a class written in Python that is its own iterator (`__iter__` returns
+    self): each pull calls its `__next__` (inlined) when the consumer pulls, a StopIteration
+    raised there ending it. The real iterator is the object itself, so at a graph break it
+    is handed on as that object (its attribute writes replayed), not computed ahead.
+    `by_index`: a class with `__getitem__` and no `__iter__` (the old sequence protocol):
+    `obj[0]`, `obj[1]`, ... until one raises IndexError."""
+
+    def __init__(self, obj: Value, by_index: bool = False) -> None:
+        super().__init__()
+        self.obj = obj
+        self.index: int | None = 0 if by_index else None
+
+    def describe(self) -> str:
+        return f"iterator {self.obj.describe()}"
+
+    def python_type(self) -> type:
+        return self.obj.python_type()
+
+    def pull(self, tx: Translator) -> Value | None:
+        from ember.capture.values.exceptions import TracedRaise
+
+        if self.index is None:
+            method, args, ends = self.obj.type_method(tx, "__next__"), [], StopIteration
+        else:
+            method, args, ends = self.obj.type_method(tx, "__getitem__"), [], IndexError
+            args, self.index = [ConstantValue(self.index)], self.index + 1
+        try:
+            return method.call(tx, args, {})
+        except TracedRaise as raised:
+            if issubclass(raised.value.cls, ends):
+                return None
+            raise
+
+    def settle(self, tx: Translator) -> None:
+        """Nothing to compute ahead: break code hands on the object itself (an index
+        iterator cannot be: it is computed ahead as other iterators are)."""
+        if self.index is not None:
+            super().settle(tx)
+
+    def lazily_rebuildable(self) -> bool:
+        return False
+
+    def contained(self) -> list[Value]:
+        return [self.obj]
+
+    def reconstruct(self, em: Emitter) -> None:
+        if self.index is not None:
+            return super().reconstruct(em)
+        em.reconstruct(self.obj)

@@ -391,6 +391,8 @@ class UserObjectValue(Value):
         if self.is_new:
             if name in self.attrs:
                 return self.attrs[name]
+            if _is_slot(self.cls, name):
+                raise MissingAttribute(f"{self.describe()} has no attribute {name!r} (unset slot)")
             return _class_attribute(tx, self, self.cls, name, None)
         pending = tx.ctx.effects.load_attr(self, name)
         if pending is not None:
@@ -480,8 +482,8 @@ class UserObjectValue(Value):
     def generic_setattr(self, tx: Translator, name: str, value: Value) -> None:
         """`object.__setattr__`: a property's setter is inlined, a slot of an object from
         outside and anything else not a data descriptor is a recorded write (replayed as
-        `obj.name = value`); other data descriptors (C members, slots of objects made in
-        the trace) are refused."""
+        `obj.name = value`; a slot of an object made in the trace is kept with its
+        attributes); other data descriptors written in C are refused."""
         for klass in self.cls.__mro__:
             attr = klass.__dict__.get(name)
             if attr is None:
@@ -494,8 +496,8 @@ class UserObjectValue(Value):
                 descriptor = _descriptor_value(tx, klass, name)
                 UserFunctionValue(setter).call(tx, [descriptor, self, value], {})
                 return
-            if isinstance(attr, types.MemberDescriptorType) and not self.is_new:
-                break  # a slot of an object from outside: replayed as `obj.name = value`
+            if isinstance(attr, types.MemberDescriptorType):
+                break  # a slot: replayed as `obj.name = value`, or kept with the attributes
             if hasattr(type(attr), "__set__"):
                 raise Unsupported(
                     BreakReason.SIDE_EFFECT,
@@ -568,13 +570,30 @@ class UserObjectValue(Value):
             # per-layer config view, iterated by every causal LM's cache setup)
             n = self.length(tx)
             return [self.getitem(tx, ConstantValue(i)) for i in range(n)]
-        method = self.type_method(tx, "__iter__")
-        if method is None:
-            return super().iterate(tx)
-        iterator = method.call(tx, [], {})
-        if iterator is self:  # its own iterator: stepping it means modelling __next__
+        iterator = self.iterator(tx)
+        if iterator is None:
             return super().iterate(tx)
         return iterator_over(tx, iterator).iterate(tx)
+
+    def iterator(self, tx: Translator) -> Value | None:
+        """`iter(self)` through its class's Python `__iter__` (None without one). An object
+        that is its own iterator is stepped through its `__next__` when pulled
+        (ObjectIterator), never ahead: the loop's body may change what `__next__` reads."""
+        from ember.capture.values.iterators import ObjectIterator
+
+        if python_override(self.cls, "__iter__") is collections.abc.Sequence.__iter__:
+            return None
+        method = self.type_method(tx, "__iter__")
+        if method is None:
+            if isinstance(python_override(self.cls, "__getitem__"), types.FunctionType):
+                return ObjectIterator(self, by_index=True)  # the old sequence protocol
+            return None
+        iterator = method.call(tx, [], {})
+        if iterator is not self:
+            return iterator
+        if not isinstance(python_override(self.cls, "__next__"), types.FunctionType):
+            raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"iterating over {self.describe()}")
+        return ObjectIterator(self)
 
     def children(self) -> list[Value]:
         return list(self.attrs.values())
@@ -595,7 +614,11 @@ def rebuild_object(cls: type, attrs: dict[str, Any]) -> Any:
     """Run-time half of reconstructing an object made during capture (no __init__ rerun:
     the captured __init__'s effects are exactly `attrs`)."""
     obj = cls.__new__(cls)
-    obj.__dict__.update(attrs)
+    for name, value in attrs.items():
+        if _is_slot(cls, name):  # `__slots__` storage, outside the instance dict
+            object.__setattr__(obj, name, value)
+        else:
+            obj.__dict__[name] = value
     return obj
 
 
@@ -715,59 +738,6 @@ def grad_mode_context(enabled: bool, restore_to: bool | None) -> Any:
     context = torch.set_grad_enabled.__new__(torch.set_grad_enabled)
     context.prev, context.mode = restore_to, enabled
     return context
-
-
-class SuperValue(Value):
-    """`super()` / `super(cls, obj)`: attribute lookup starts after `cls` in obj's MRO."""
-
-    def __init__(self, cls: type, obj: Value) -> None:
-        self.cls = cls
-        self.obj = obj
-
-    def getattr(self, tx: Translator, name: str) -> Value:
-        mro = self._start().__mro__
-        if self.cls not in mro:
-            raise Unsupported(
-                BreakReason.UNSUPPORTED_ATTRIBUTE, f"super().{name}: the object is not a {self.cls}"
-            )
-        of_a_class = mro[0] is not self.obj.python_type()
-        for klass in mro[mro.index(self.cls) + 1 :]:
-            if name in klass.__dict__:
-                attr = klass.__dict__[name]
-                if isinstance(attr, types.FunctionType) and of_a_class:
-                    return UserFunctionValue(attr)  # looked up on a class: not bound
-                if isinstance(attr, types.FunctionType):
-                    return BoundMethodValue(UserFunctionValue(attr), self.obj)
-                if attr is object.__init__ or attr is torch.nn.Module.__init__:
-                    return BuiltinMethodValue(object.__init__, self.obj)
-                if isinstance(attr, property):
-                    return UserFunctionValue(attr.fget).call(tx, [self.obj], {})
-                if isinstance(attr, staticmethod) and isinstance(attr.__func__, types.FunctionType):
-                    return UserFunctionValue(attr.__func__)
-                if isinstance(attr, classmethod):
-                    cls = tx.ctx.builder.wrap_const(mro[0])
-                    return BoundMethodValue(UserFunctionValue(attr.__func__), cls)
-                if isinstance(attr, (types.WrapperDescriptorType, types.MethodDescriptorType)):
-                    # a builtin base's method (object.__setattr__, dict.__setitem__)
-                    return BuiltinMethodValue(attr, self.obj)
-                break
-        raise Unsupported(BreakReason.UNSUPPORTED_ATTRIBUTE, f"super().{name}")
-
-    def _start(self) -> type:
-        """Whose MRO the lookup walks: the object's type, or the object itself where it is a
-        subclass of `cls` (`super()` in a classmethod, torch.autograd.Function.apply)."""
-        if self.obj.is_constant():
-            obj = self.obj.as_constant()
-            if isinstance(obj, type) and issubclass(obj, self.cls):
-                return obj
-        return self.obj.python_type()
-
-    def reconstruct(self, em: Emitter) -> None:
-        """`super(cls, obj)` again, for the attribute lookup CPython runs at a break."""
-        em.cg.load_const(super, push_null=True)
-        em.cg.load_const(self.cls)
-        em.reconstruct(self.obj)
-        em.cg.call(2)
 
 
 def _is_slot(cls: type, name: str) -> bool:

@@ -31,7 +31,7 @@ from ember import torch_compat
 from ember.capture.guards import GuardKind
 from ember.capture.values.base import ConstantValue, Value
 from ember.capture.values.containers import DictValue, ListValue
-from ember.capture.values.functions import BoundMethodValue
+from ember.capture.values.functions import BoundMethodValue, UserFunctionValue
 
 if TYPE_CHECKING:
     from ember.capture.translator import Translator
@@ -45,12 +45,26 @@ def init_group_method(owner: Value, cls: type, method: Value) -> Value:
     method that runs for real (InitGroupMethod) when torch.optim defines it."""
     if owner.source is None or not isinstance(method, BoundMethodValue):
         return method
+    if not isinstance(method.fn, UserFunctionValue):
+        return method
     fn = getattr(cls, "_init_group", None)
     original = getattr(fn, "__wrapped__", fn)  # torch._dynamo's disable wraps it
     module = getattr(original, "__module__", "") or ""
     if not module.startswith("torch.optim."):
         return method
     return InitGroupMethod(method.fn, owner, method.source)
+
+
+def super_init_group(owner: Value, klass: type, fn: Any) -> Value | None:
+    """`super()._init_group` in a subclass's override, found on `klass` of the MRO: torch.optim's
+    own method, run for real as above (the override's own code around the call is traced);
+    None where it is not torch.optim's."""
+    original = getattr(fn, "__wrapped__", fn)
+    if owner.source is None or not (getattr(original, "__module__", "") or "").startswith(
+        "torch.optim."
+    ):
+        return None
+    return InitGroupMethod(UserFunctionValue(fn), owner)
 
 
 class _Traced(Exception):
@@ -62,12 +76,16 @@ class InitGroupMethod(BoundMethodValue):
 
     def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
         try:
-            return _run_ahead(tx, self.receiver, args, kwargs)
+            return _run_ahead(tx, self.receiver, self.fn.fn, args, kwargs)
         except _Traced:
             return super().call(tx, args, kwargs)
 
 
-def _run_ahead(tx: Translator, receiver: Value, args: list[Value], kwargs: dict) -> Value:
+def _run_ahead(
+    tx: Translator, receiver: Value, function: Any, args: list[Value], kwargs: dict
+) -> Value:
+    """`function(opt, group, *lists)` run for real (the class's `_init_group`, which is not
+    `opt._init_group` where a subclass overrides it and calls this one through super())."""
     builder, effects = tx.ctx.builder, tx.ctx.effects
     opt = builder.real_object(receiver)
     if not isinstance(opt, torch.optim.Optimizer) or kwargs or not args:
@@ -95,7 +113,7 @@ def _run_ahead(tx: Translator, receiver: Value, args: list[Value], kwargs: dict)
         # every group at once: the state is complete before the trace first reads it, so
         # the calls for later groups find it unchanged (see _state_values)
         for g in opt.param_groups:
-            result = opt._init_group(g, *([[] for _ in lists] if g is not group else filled))
+            result = function(opt, g, *([[] for _ in lists] if g is not group else filled))
             if g is group:
                 returned = result
     except Exception as exc:  # raised again where the call runs in Python
