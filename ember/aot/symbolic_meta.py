@@ -287,7 +287,9 @@ def pointwise(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
     broadcast shape of all: that tensor's layout (what TensorIterator gives such operands),
     in the dtype the op gives tensors of these dtypes and ranks (from the op run on
     one-element stand-ins). None when any of that does not hold."""
-    if torch.Tag.pointwise not in func.tags or len(func._schema.returns) != 1:
+    if torch.Tag.pointwise not in func.tags and func not in _WHERE_SCALARS:
+        return None
+    if len(func._schema.returns) != 1:
         return None
     if kwargs.get("memory_format") not in (None, torch.contiguous_format, torch.preserve_format):
         return None
@@ -312,6 +314,42 @@ def pointwise(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
     if dtype is None:
         return None
     return hollow_tensor(widest.shape, widest.stride(), dtype)
+
+
+_WHERE_SCALARS = (aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+"""`where` with a Python number for a branch: not tagged pointwise, but `where.self` on that
+number as a 0-d tensor (their composite implementation), whose tag it is."""
+
+_ALONG_A_DIM = (
+    aten._softmax.default,
+    aten._log_softmax.default,
+    aten._safe_softmax.default,
+    aten.cumsum.default,
+)
+
+
+def along_a_dim(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """Softmax, log-softmax (`_safe_softmax` too: attention's) and cumsum along one dim of a
+    tensor with torch's contiguous strides: a new tensor of that layout (their meta kernels
+    give a contiguous result of the input's shape: elementwise steps over it, or for cumsum
+    a sum over a broadcast mask), in the dtype the op gives (from the op on one-element
+    stand-ins of the same rank, which also rejects a dim out of range). GPT-2's attention
+    mask takes a cumsum, its attention a `_safe_softmax`: 30-40 ms each through torch's
+    symbolic arithmetic."""
+    if func not in _ALONG_A_DIM or not args or not isinstance(args[0], torch.Tensor):
+        return None
+    x, rest = args[0], (*args[1:], *kwargs.values())
+    if x.dim() == 0 or _contiguous_numel(x) is None or not _canonical(x):
+        return None
+    if any(isinstance(a, (torch.Tensor, *SYM_TYPES)) for a in rest):
+        return None
+    try:
+        dtype = _result_dtype(func, _describe(args), _describe(kwargs))
+    except TypeError:  # an unhashable argument
+        return None
+    if dtype is None:
+        return None
+    return hollow_tensor(x.shape, x.stride(), dtype)
 
 
 def _describe(tree: Any) -> Any:
@@ -453,4 +491,13 @@ def _stand_in(described: Any) -> Any:
     return rest[0]
 
 
-_SHORTCUTS = (contiguous_view, same_size_expand, unsqueeze, like, pointwise, matmul, layer_norm)
+_SHORTCUTS = (
+    contiguous_view,
+    same_size_expand,
+    unsqueeze,
+    like,
+    pointwise,
+    along_a_dim,
+    matmul,
+    layer_norm,
+)

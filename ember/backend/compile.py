@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_leaves
 from ember import config, logs
 from ember.aot.program import MUTATIONS_META
 from ember.backend import cudagraphs, sizes
-from ember.backend.codegen import build, cache, triton_code, triton_runtime, wrapper
+from ember.backend.codegen import build, cache, dedup, triton_code, triton_runtime, wrapper
 from ember.backend.codegen.cache import Artifact
 from ember.backend.codegen.cpp import kernel_source
 from ember.backend.codegen.plan import plan_kernel, plan_str
@@ -126,12 +126,12 @@ def generate(
             py = wrapper.wrapper_source(s, params, plan, launches)
     else:
         with _stage("C++ generation"):
-            sources = [PRELUDE]
             shared = memory.in_place_buffers(s, plan)
+            written = []
             for k in s.kernels():
                 src, params[k.name] = kernel_source(k, buffers, shared[k.name])
-                sources.append(src)
-            module = build.SPLIT.join(sources)
+                written.append((k.name, src, params[k.name]))
+            module = build.SPLIT.join([PRELUDE, *dedup.merge(written, buffers)])
             py = wrapper.wrapper_source(s, params, plan)
     cacheable = True
     ir_text = ""

@@ -12,6 +12,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import sympy
+import sympy.tensor.tensor  # noqa: F401  (see below)
+
+# sympy's `Add.flatten` imports sympy.tensor.tensor, and sympy.combinatorics behind it, at
+# its first call (30-60 ms here): imported with ember, not inside a process's first compile.
 
 
 class FloorDiv(sympy.Function):

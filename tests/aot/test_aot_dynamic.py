@@ -228,5 +228,61 @@ def test_symbolic_meta_shortcuts_trace_the_same_graph(monkeypatch, case):
             assert symbolic_meta.stats["layer_norm"] >= 1
             if case == "gpt2":
                 assert symbolic_meta.stats["unsqueeze"] and symbolic_meta.stats["like"]
+                assert symbolic_meta.stats["along_a_dim"]  # the attention mask's cumsum
     assert len(traced[True]) == (2 if training else 1)
+    assert traced[True] == traced[False]
+
+
+def _along_a_dim_and_where(x, mask_src):
+    """Softmax-like ops along a dim and `where` with Python numbers, on symbolic layouts:
+    contiguous inputs (the shortcuts' case), a transposed and an offset one (left to the
+    meta kernels), bool/int/float/half dtypes."""
+    mask = mask_src > 0
+    outs = [
+        torch.softmax(x, -1),
+        torch.log_softmax(x, 1),
+        torch.softmax(x.half(), 0),
+        torch.softmax(x, -1, dtype=torch.float64),
+        mask.cumsum(-1),
+        mask_src.cumsum(0),
+        x.cumsum(1),
+        x.cumsum(-1, dtype=torch.float64),
+        x.transpose(0, 1).cumsum(0),
+        x[1:].softmax(-1),
+        torch.where(mask, 0.0, x),
+        torch.where(mask, x, -1),
+        torch.where(mask, 1, 2),
+        torch.where(mask, 0.5, torch.tensor(2.0)),
+    ]
+    att = torch.nn.functional.scaled_dot_product_attention(
+        x[None, None], x[None, None], x[None, None]
+    )
+    return [*outs, att]
+
+
+def test_softmax_cumsum_and_scalar_where_shortcuts_give_the_meta_kernels_layouts(monkeypatch):
+    """`along_a_dim` (softmax, log-softmax, _safe_softmax, cumsum) and `where` with numbers
+    (answered by `pointwise`) give every node the layout and dtype torch's meta kernels give
+    it, and every output is eager's."""
+    from ember.aot import symbolic_meta
+
+    traced = {}
+    for enabled in (True, False):
+        monkeypatch.setattr(symbolic_meta, "ENABLED", enabled)
+        symbolic_meta.stats.clear()
+        torch._dynamo.reset()
+        rec = Recording()
+        compiled = torch.compile(
+            _along_a_dim_and_where, backend=lambda gm, ex, rec=rec: aot_compile(gm, ex, rec)
+        )
+        for n, m in ((3, 5), (4, 9)):
+            x, src = torch.randn(n, m), torch.randint(-3, 3, (n, m))
+            torch._dynamo.mark_dynamic(x, [0, 1])
+            torch._dynamo.mark_dynamic(src, [0, 1])
+            for got, want in zip(compiled(x, src), _along_a_dim_and_where(x, src), strict=True):
+                torch.testing.assert_close(got, want)
+        traced[enabled] = [_layouts(gm) for gm, _ in rec.graphs]
+        if enabled:
+            assert symbolic_meta.stats["along_a_dim"] >= 5
+    assert len(traced[True]) == 1
     assert traced[True] == traced[False]
