@@ -11,6 +11,7 @@ step once torch had marked SGD's `_init_group` disable)."""
 from __future__ import annotations
 
 import copy
+import sys
 
 import pytest
 import torch
@@ -242,7 +243,10 @@ def p_gen_close_unstarted(x):
     ],
 )
 def test_generator_throw_and_close(fn):
-    counts = check(fn, tensors((3, 4)))
+    # torch 2.13's Dynamo itself raises IndexError tracing these on Python 3.13 (its
+    # symbolic_convert); ember is still checked against eager and for no break there
+    dynamo = sys.version_info < (3, 13) or fn not in (p_gen_throw_caught, p_gen_throw_uncaught)
+    counts = check(fn, tensors((3, 4)), dynamo=dynamo)
     assert counts.breaks == 0
 
 
