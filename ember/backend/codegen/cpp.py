@@ -542,9 +542,11 @@ class KernelWriter:
             # The scalar tail stays scalar: g++ 12.2 at -O3 vectorizes a float64 sum into
             # acc[0] over short rows wrongly (notes/backend.md, "g++ 12 and scalar tails");
             # an asm that may change `rb` keeps the vectorizer off this loop and its outer ones.
+            # Element r goes to lane r % LANES, as in the blocks: rows shorter than a block
+            # still sum in several partial sums, not in one long chain.
             self.lines.append(f'{ind}  __asm__("" : "+r"(rb));')
             self.lines.append(f"{ind}  const int64_t {last} = rb;")
-            self._statements(lp.nodes, ind + "  ", scalars, "0")
+            self._statements(lp.nodes, ind + "  ", scalars, f"rb % {LANES}")
             self.lines.append(f"{ind}}}")
             self.lines.append(f"{ind}}}")
         for _ in range(close):
