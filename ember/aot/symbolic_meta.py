@@ -307,13 +307,7 @@ def pointwise(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
             e = _sym(s)
             if e != 1 and e != full[d]:
                 return None
-    try:
-        dtype = _result_dtype(func, _describe(args), _describe(kwargs))
-    except TypeError:  # an unhashable argument
-        return None
-    if dtype is None:
-        return None
-    return hollow_tensor(widest.shape, widest.stride(), dtype)
+    return _shaped_like(widest, func, args, kwargs)
 
 
 _WHERE_SCALARS = (aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
@@ -343,13 +337,19 @@ def along_a_dim(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
         return None
     if any(isinstance(a, (torch.Tensor, *SYM_TYPES)) for a in rest):
         return None
+    return _shaped_like(x, func, args, kwargs)
+
+
+def _shaped_like(t: torch.Tensor, func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """A tensor of `t`'s layout in the dtype `func` gives for these arguments, or None where
+    that dtype cannot be told (an unhashable argument, an op that rejects them)."""
     try:
         dtype = _result_dtype(func, _describe(args), _describe(kwargs))
     except TypeError:  # an unhashable argument
         return None
     if dtype is None:
         return None
-    return hollow_tensor(x.shape, x.stride(), dtype)
+    return hollow_tensor(t.shape, t.stride(), dtype)
 
 
 def _describe(tree: Any) -> Any:
