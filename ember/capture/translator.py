@@ -397,7 +397,7 @@ class Translator:
     def _guard_caught(self, exc: MissingAttribute) -> None:
         """A handler of the traced code catches this missing attribute: the trace now relies
         on its absence, which must be guarded like `hasattr`'s."""
-        from ember.capture.values.builtins import guard_missing
+        from ember.capture.values.attribute_builtins import guard_missing
 
         if not exc.guarded and exc.lookup is not None:
             guard_missing(self, *exc.lookup, exc)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from ember.bytecode import Op
 from ember.capture.handlers import handler
+from ember.capture.values.attribute_builtins import guard_missing
 from ember.capture.values.base import ConstantValue, MissingAttribute, Value
-from ember.capture.values.builtins import guard_missing
 from ember.capture.values.containers import TupleValue
 from ember.errors import BreakReason, Unsupported
 
