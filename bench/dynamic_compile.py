@@ -141,7 +141,7 @@ def compile_once(
     compiled = torch.compile(fn, backend=backend, dynamic=None if dynamic else False)
     first = _marked(args, dims) if dynamic else args
     with tempfile.TemporaryDirectory(prefix="ember-bench-compile-") as cache:
-        with config.patch(cache_dir=cache), torch.no_grad():
+        with config.patch(cache_dir=cache, background_build=False), torch.no_grad():
             before = Counter(choices.spent)
             compiled(*first)
     for clock, seconds in backend.seconds.items():

@@ -49,6 +49,10 @@ class Config:
     """The memory format of convolutions in NCHW graphs (EMBER_CONV_LAYOUT): auto (each
     convolution shape timed once in both, channels-last kept where faster), channels_last
     (wherever the backend can keep it), eager (eager's layout)."""
+    background_build: bool = True
+    """Return from a compile while g++ builds its kernels, waiting at the graph's first call
+    (EMBER_BACKGROUND_BUILD=0: wait inside the compile, as compile-time benchmarks that
+    time the backend call need)."""
     optimize_ddp: bool = True
     """Split graphs captured inside DDP's forward at its gradient buckets, so all-reduces
     overlap the backward (EMBER_OPTIMIZE_DDP=0: one graph, all-reduces after it)."""
@@ -75,6 +79,7 @@ _ENV = {
     "cpu_isa": ("EMBER_CPU_ISA", str),
     "strict": ("EMBER_STRICT", _flag),
     "optimize_ddp": ("EMBER_OPTIMIZE_DDP", _flag),
+    "background_build": ("EMBER_BACKGROUND_BUILD", _flag),
     "triton_interpret": ("EMBER_TRITON_INTERPRET", _flag),
     "conv_layout": ("EMBER_CONV_LAYOUT", _conv_layout),
 }

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ember.aot import aot_compile
+from ember.backend.codegen import build
 from ember.backend.compile import compile_aten
 
 __all__ = ["compile_aten", "compile_graph"]
@@ -39,6 +40,7 @@ def compile_graph(
     if options:
         known = "none (ember's settings are ember.config fields, set with EMBER_* variables)"
         raise ValueError(f"unknown options {sorted(options)} for ember's backend; known: {known}")
+    build.begin()  # how idle the machine is while this compiles: g++'s parallelism
     compile_aten_ = (
         compile_aten if mode in (None, "default") else functools.partial(compile_aten, mode=mode)
     )

@@ -174,11 +174,66 @@ def _load(
             tune = mode in config.AUTOTUNE_MODES
             kernels = triton_runtime.load(art.cpp, list(art.kernels), device, autotune=tune)
     else:
+        with _stage("starting g++"):
+            pending = build.start(art.cpp) if art.kernels else None
+        if pending is not None and not pending.done and config.current().background_build:
+            return _Joining(lambda: _instantiate(art, gm, device, pending), gm)
         with _stage("g++ and loading the kernels"):
-            kernels = build.load(art.cpp, art.kernels) if art.kernels else {}
+            kernels = build.open_library(pending, art.kernels) if pending else {}
+    return _instantiate(art, gm, device, kernels)
+
+
+def _instantiate(
+    art: Artifact, gm: torch.fx.GraphModule, device: torch.device, kernels: Any
+) -> Callable[..., Any]:
+    if isinstance(kernels, build.Pending):
+        with _stage("g++ and loading the kernels"):
+            kernels = build.open_library(kernels, art.kernels)
     with _stage("loading the wrapper"):
         consts = {buf: _attr(gm, target) for buf, target in art.constants.items()}
         return wrapper.instantiate(art.wrapper, kernels, consts, device)
+
+
+class _Joining:
+    """A compiled graph whose kernels g++ is still building (build.start): the compile
+    returns at once, so the compiler runs while the caller goes on (aot's runtime, the
+    capture's guards and replacement bytecode), and the first call waits for it. Then the
+    boxed entry is the wrapper's own, so later calls through aot's runtime cost nothing
+    more. A failed build is what a failed stage is at compile time: BackendCompilerFailed
+    under EMBER_STRICT=1, else the graph runs as aten ops."""
+
+    boxed_call = True
+
+    def __init__(self, make: Callable[[], Callable[..., Any]], gm: torch.fx.GraphModule):
+        self._make, self._gm, self._fn = make, gm, None
+        self._strict = config.current().strict
+
+    def _join(self) -> Callable[..., Any]:
+        if self._fn is None:
+            try:
+                fn = self._make()
+            except StageFailed as e:
+                if self._strict:
+                    raise BackendCompilerFailed("ember", e.stage, self._gm.code, e.cause) from e
+                _fell_back(e, self._gm)
+                fn = self._gm.forward
+            self._fn = fn
+            boxed = getattr(fn, "run_boxed", None)
+            self.run_boxed = boxed if boxed is not None else lambda args: fn(*args)
+        return self._fn
+
+    def run_boxed(self, args: list) -> Any:
+        self._join()
+        return self.run_boxed(args)  # the instance's own now: the compiled graph's
+
+    def __call__(self, *args: Any) -> Any:
+        return self._join()(*args)
+
+
+def _fell_back(e: StageFailed, gm: torch.fx.GraphModule) -> None:
+    stats["graph_fallbacks"] += 1
+    fallbacks.append(str(e))
+    logs.log("kernels", "running the aten graph instead; failed in %s\n%s", e, gm.code)
 
 
 def _attr(gm: torch.nn.Module, target: str) -> Any:
@@ -245,6 +300,7 @@ def compile_aten(
     if mode not in config.MODES:
         known = ", ".join(map(str, config.MODES))
         raise ValueError(f"unknown mode {mode!r}; known modes: {known}")
+    build.begin(restart=False)
     device = placement(gm, example_inputs)
     fn = _compile_aten(gm, example_inputs, device, mode)
     if mode not in config.CUDAGRAPH_MODES:
@@ -302,9 +358,7 @@ def _compile_aten(
     except StageFailed as e:
         if config.current().strict:
             raise BackendCompilerFailed("ember", e.stage, gm.code, e.cause) from e.cause
-        stats["graph_fallbacks"] += 1
-        fallbacks.append(str(e))
-        logs.log("kernels", "running the aten graph instead; failed in %s\n%s", e, gm.code)
+        _fell_back(e, gm)
         return gm.forward
     for r in _recorders:
         r.append(art)

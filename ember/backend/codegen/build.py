@@ -16,6 +16,8 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from ember import config, logs
@@ -102,16 +104,53 @@ def _groups(units: list[str], n: int) -> list[list[str]]:
     return groups
 
 
+_window: list[tuple[float, tuple[int, int]]] = []
+"""When the compile now under way began (`begin`): monotonic seconds, /proc/stat's (idle,
+total) jiffies."""
+MAX_WINDOW_S = 10.0  # an older window says little about now
+
+
+def _cpu_jiffies() -> tuple[int, int] | None:
+    """(idle + iowait, total) jiffies of the machine's CPUs so far, if /proc/stat says."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (fields[3] + fields[4], sum(fields)) if len(fields) >= 5 else None
+
+
+def begin(restart: bool = True) -> None:
+    """Start measuring how idle the machine's other CPUs are while this process compiles (up
+    to g++): `restart=False` keeps a window already open (an aot graph inside the backend
+    call that opened one)."""
+    if restart or not _window or time.monotonic() - _window[0][0] > MAX_WINDOW_S:
+        now = _cpu_jiffies()
+        _window[:] = [(time.monotonic(), now)] if now is not None else []
+
+
+MIN_WINDOW = 6
+"""Jiffies per CPU a window needs (60 ms at 100 Hz) to be read as a measurement."""
+
+
 def _idle_cpus() -> int:
-    """CPUs no other process is using (this one's own load counts as one, as it waits on
-    g++): several translation units cost more CPU than one (the prelude parsed per unit, a
-    link step; ~10-15% for a GPT-2 graph) and only pay where they run side by side. On a
-    machine whose cores other processes keep busy they run one after another, slower in
-    wall time too than one unit."""
+    """CPUs g++ may use: this process's (it waits on g++) and those idle while it compiled.
+    Several translation units cost more CPU than one (the prelude parsed per unit, a link
+    step; ~10-15% for a GPT-2 graph) and only pay where they run side by side. Idle is what
+    /proc/stat saw since `begin` (the load average counts this process's own recent work,
+    a run of the model with two threads just before, as other processes' load: a quiet
+    machine read as a busy one); without a window, the load average less this process."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:
         cpus = os.cpu_count() or 1
+    fresh = _window and time.monotonic() - _window[0][0] <= MAX_WINDOW_S
+    start, now = (_window[0][1] if fresh else None), _cpu_jiffies()
+    _window.clear()
+    machine = os.cpu_count() or 1
+    if start is not None and now is not None and now[1] - start[1] >= MIN_WINDOW * machine:
+        idle = machine * (now[0] - start[0]) / (now[1] - start[1])
+        return max(1, min(cpus, 1 + int(idle + 0.3)))
     try:
         others = max(os.getloadavg()[0] - 1.0, 0.0)
     except OSError:
@@ -119,16 +158,16 @@ def _idle_cpus() -> int:
     return max(1, round(cpus - others))
 
 
-def _compile(source: str, out: Path, workdir: Path) -> None:
-    """g++ the module; with several kernels and idle CPUs, as parallel translation units then
-    one link."""
+def _start_compile(source: str, out: Path, workdir: Path) -> Callable[[], None]:
+    """Start g++ on the module (with several kernels and idle CPUs, as parallel translation
+    units); returns what finishes it (waits, then links the units)."""
     prelude, *units = source.split(SPLIT)
     n = min(len(units), _idle_cpus(), 4)
     if n <= 1:
         cpp = workdir / "module.cpp"
         cpp.write_text(source)
-        _run([CXX, *_flags(), str(cpp), "-o", str(out)])
-        return
+        one = _start([CXX, *_flags(), str(cpp), "-o", str(out)])
+        return lambda: _finish(one)
     objs, procs = [], []
     flags = [f for f in _flags() if f != "-shared"]
     for i, group in enumerate(_groups(units, n)):
@@ -136,9 +175,18 @@ def _compile(source: str, out: Path, workdir: Path) -> None:
         cpp.write_text(prelude + "\n" + "\n".join(group))
         procs.append(_start([CXX, *flags, "-c", str(cpp), "-o", str(obj)]))
         objs.append(str(obj))
-    for p in procs:
-        _finish(p)
-    _run([CXX, "-shared", "-fopenmp", *objs, "-o", str(out)])
+
+    def link() -> None:
+        for p in procs:
+            _finish(p)
+        _run([CXX, "-shared", "-fopenmp", *objs, "-o", str(out)])
+
+    return link
+
+
+def _compile(source: str, out: Path, workdir: Path) -> None:
+    """g++ the module into `out` (see `_start_compile`)."""
+    _start_compile(source, out, workdir)()
 
 
 def _start(cmd: list[str]) -> subprocess.Popen:
@@ -155,27 +203,67 @@ def _run(cmd: list[str]) -> None:
     _finish(_start(cmd))
 
 
-def build(source: str) -> Path:
-    """Path of the compiled library for `source`, compiling it if no valid entry exists.
-    A cache directory that cannot be written (read-only, full) costs a private build in a
-    temporary directory, not a failure."""
+class Pending:
+    """A library g++ may still be building: `wait()` gives its path. Started by `start`, so
+    that a caller has the compiler run while it does other work (the wrapper, the capture's
+    guards and bytecode) and waits only where it needs the kernels."""
+
+    def __init__(self, source: str, so: Path, finish: Callable[[], Path] | None) -> None:
+        self.source, self.so, self._finish = source, so, finish
+
+    @property
+    def done(self) -> bool:
+        """Whether `wait` returns at once (the library was in the cache)."""
+        return self._finish is None
+
+    def wait(self) -> Path:
+        """The library's path, once built (raises BuildError if g++ failed)."""
+        if self._finish is not None:
+            finish, self._finish = self._finish, None
+            self.so = finish()
+        return self.so
+
+
+def start(source: str) -> Pending:
+    """Start building the library for `source` unless a valid entry exists. A cache
+    directory that cannot be written costs a private build in a temporary directory (at
+    once), not a failure."""
     key = library_key(source)
     so = kernel_dir() / key[:2] / f"{key}.so"
     sha_file = so.with_suffix(".sha256")
     if _valid(so, sha_file):
-        return so
+        return Pending(source, so, None)
     try:
         so.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=so.parent, prefix="build-") as tmp:
-            tmp_so = Path(tmp) / "module.so"
-            _compile(source, tmp_so, Path(tmp))
-            atomic_write(sha_file, _sha(tmp_so.read_bytes()).encode())
-            os.replace(tmp_so, so)
+        tmp = Path(tempfile.mkdtemp(dir=so.parent, prefix="build-"))
     except OSError as e:
         logs.log("kernels", "kernel cache not writable (%s); building privately", e)
-        return _private_build(source)
-    logs.log("kernels", "compiled %s", so)
-    return so
+        return Pending(source, _private_build(source), None)
+    try:
+        link = _start_compile(source, tmp / "module.so", tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+    def finish() -> Path:
+        try:
+            link()
+            atomic_write(sha_file, _sha((tmp / "module.so").read_bytes()).encode())
+            os.replace(tmp / "module.so", so)
+        except OSError as e:
+            logs.log("kernels", "kernel cache not writable (%s); building privately", e)
+            return _private_build(source)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        logs.log("kernels", "compiled %s", so)
+        return so
+
+    return Pending(source, so, finish)
+
+
+def build(source: str) -> Path:
+    """Path of the compiled library for `source`, compiling it if no valid entry exists."""
+    return start(source).wait()
 
 
 @functools.cache
@@ -200,12 +288,17 @@ def _private_build(source: str) -> Path:
 def load(source: str, kernels: dict[str, str]) -> dict[str, ctypes._CFuncPtr]:
     """Build (or reuse) and load the library; kernels: name -> argument kinds ("p" a
     pointer, "s" an int64 size)."""
-    so = build(source)
+    return open_library(start(source), kernels)
+
+
+def open_library(pending: Pending, kernels: dict[str, str]) -> dict[str, ctypes._CFuncPtr]:
+    """Wait for a started build and load its kernels (see `load`)."""
+    so = pending.wait()
     try:
         lib = ctypes.CDLL(str(so))
     except OSError:
         so.unlink(missing_ok=True)
-        lib = ctypes.CDLL(str(build(source)))
+        lib = ctypes.CDLL(str(build(pending.source)))
     out = {}
     for name, kinds in kernels.items():
         fn = getattr(lib, name)
