@@ -201,14 +201,7 @@ def test_symbolic_meta_shortcuts_trace_the_same_graph(monkeypatch, case):
         make = lambda b, t: torch.randn(b, t, 16, requires_grad=training)  # noqa: E731
     traced = {}
     for enabled in (True, False):
-        monkeypatch.setattr(symbolic_meta, "ENABLED", enabled)
-        symbolic_meta.stats.clear()
-        torch._dynamo.reset()
-        rec = Recording()
-
-        def backend(gm, example_inputs, rec=rec):
-            return aot_compile(gm, example_inputs, rec)
-
+        rec, backend = _recording_trace(monkeypatch, enabled)
         # marked rather than dynamic=True, under which Dynamo makes LayerNorm's eps an input
         compiled = torch.compile(fn, backend=backend)
         for b, t in ((2, 3), (3, 7)):
@@ -231,6 +224,18 @@ def test_symbolic_meta_shortcuts_trace_the_same_graph(monkeypatch, case):
                 assert symbolic_meta.stats["along_a_dim"]  # the attention mask's cumsum
     assert len(traced[True]) == (2 if training else 1)
     assert traced[True] == traced[False]
+
+
+def _recording_trace(monkeypatch, shortcuts: bool):
+    """A fresh Dynamo and an aot backend recording its graphs, with ember.aot's symbolic
+    layout shortcuts on or off (the two traces the shortcut tests compare)."""
+    from ember.aot import symbolic_meta
+
+    monkeypatch.setattr(symbolic_meta, "ENABLED", shortcuts)
+    symbolic_meta.stats.clear()
+    torch._dynamo.reset()
+    rec = Recording()
+    return rec, lambda gm, example_inputs: aot_compile(gm, example_inputs, rec)
 
 
 def _along_a_dim_and_where(x, mask_src):
@@ -268,13 +273,8 @@ def test_softmax_cumsum_and_scalar_where_shortcuts_give_the_meta_kernels_layouts
 
     traced = {}
     for enabled in (True, False):
-        monkeypatch.setattr(symbolic_meta, "ENABLED", enabled)
-        symbolic_meta.stats.clear()
-        torch._dynamo.reset()
-        rec = Recording()
-        compiled = torch.compile(
-            _along_a_dim_and_where, backend=lambda gm, ex, rec=rec: aot_compile(gm, ex, rec)
-        )
+        rec, backend = _recording_trace(monkeypatch, enabled)
+        compiled = torch.compile(_along_a_dim_and_where, backend=backend)
         for n, m in ((3, 5), (4, 9)):
             x, src = torch.randn(n, m), torch.randint(-3, 3, (n, m))
             torch._dynamo.mark_dynamic(x, [0, 1])
