@@ -20,7 +20,8 @@ exact, leave the rest to the meta kernels:
 - `matmul`: mm, bmm and addmm whose inner sizes are one expression give a contiguous result;
   `layer_norm` the input's contiguous layout and its statistics'; `like` (_to_copy, the
   *_like factories) the layout of a contiguous input; `same_size_expand` (to the sizes a
-  tensor has) and `unsqueeze` follow torch's geometry rules.
+  tensor has) and `unsqueeze` follow torch's geometry rules; `full_index` (every dim
+  indexed by an integer tensor) a contiguous tensor of the indices' broadcast shape.
 
 A shortcut's result is a fresh meta tensor of the recalled layout, or for a view op a view
 of the op's input, as the meta kernel's would be. tests/aot/test_aot_dynamic.py traces
@@ -457,6 +458,38 @@ def unsqueeze(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
     return src.as_strided(size, stride, src.storage_offset())
 
 
+def full_index(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """aten.index.Tensor with an integer index tensor for every dim of the input (GPT-2's
+    attention mask: `mask[batch[:, None, None, None], kv[None, None, None, :]]`, 10-15 ms
+    each through torch's symbolic arithmetic): a new contiguous tensor of the indices'
+    broadcast shape in the input's dtype. The meta kernel orders the result's dims by the
+    input's strides with the indexed dims' set to 0; with every dim indexed that order is
+    the identity. Broadcasting is taken only where it needs no guard: per dim, a literal 1
+    or one expression."""
+    if func is not aten.index.Tensor or kwargs or len(args) != 2:
+        return None
+    src, indices = args
+    if not isinstance(src, torch.Tensor) or src.dim() == 0 or len(indices) != src.dim():
+        return None
+    if not all(isinstance(i, torch.Tensor) and i.dtype in _INDEX_DTYPES for i in indices):
+        return None
+    rank = max(i.dim() for i in indices)
+    shape: list[Any] = [1] * rank
+    for i in indices:
+        for d, size in enumerate(i.shape, start=rank - i.dim()):
+            e, have = _sym(size), _sym(shape[d])
+            if e == 1 or e == have:
+                continue
+            if have != 1:
+                return None
+            shape[d] = size
+    operands = [v for i in indices for v in (*i.shape, *i.stride())]
+    return _contiguous(shape, src.dtype, operands)
+
+
+_INDEX_DTYPES = (torch.int64, torch.int32)  # bool and uint8 masks go through nonzero
+
+
 _LIKE = (
     aten._to_copy.default,
     aten.empty_like.default,
@@ -500,4 +533,5 @@ _SHORTCUTS = (
     along_a_dim,
     matmul,
     layer_norm,
+    full_index,
 )

@@ -222,6 +222,7 @@ def test_symbolic_meta_shortcuts_trace_the_same_graph(monkeypatch, case):
             if case == "gpt2":
                 assert symbolic_meta.stats["unsqueeze"] and symbolic_meta.stats["like"]
                 assert symbolic_meta.stats["along_a_dim"]  # the attention mask's cumsum
+                assert symbolic_meta.stats["full_index"]  # and its index by position
     assert len(traced[True]) == (2 if training else 1)
     assert traced[True] == traced[False]
 
@@ -285,4 +286,42 @@ def test_softmax_cumsum_and_scalar_where_shortcuts_give_the_meta_kernels_layouts
         if enabled:
             assert symbolic_meta.stats["along_a_dim"] >= 5
     assert len(traced[True]) == 1
+    assert traced[True] == traced[False]
+
+
+def _indexed(x, i, j):
+    """Advanced indexing on symbolic layouts: every dim indexed by integer tensors that
+    broadcast (the `full_index` shortcut's case), of int32 and int64, on a transposed
+    input; a bool mask and a partial index (left to the meta kernel)."""
+    return [
+        x[i[:, None], j[None, :]],
+        x[i.int()[:, None, None], j[None, None, :]],
+        x.t()[j[:, None], i],
+        x[i[:1], j[:1]],
+        x[x > 0],
+        x[i],
+        (x[i[:, None], j] * 2).sum(-1),
+    ]
+
+
+def test_full_index_shortcut_gives_the_meta_kernels_layouts(monkeypatch):
+    """`full_index` gives every node the layout and dtype torch's meta kernel gives it, and
+    every output is eager's."""
+    from ember.aot import symbolic_meta
+
+    traced = {}
+    for enabled in (True, False):
+        rec, backend = _recording_trace(monkeypatch, enabled)
+        compiled = torch.compile(_indexed, backend=backend)
+        for n, m in ((3, 5), (4, 9)):
+            x = torch.randn(n, m)
+            i, j = torch.randint(0, n, (n,)), torch.randint(0, m, (m,))
+            torch._dynamo.mark_dynamic(x, [0, 1])
+            torch._dynamo.mark_dynamic(i, 0)
+            torch._dynamo.mark_dynamic(j, 0)
+            for got, want in zip(compiled(x, i, j), _indexed(x, i, j), strict=True):
+                torch.testing.assert_close(got, want)
+        traced[enabled] = [_layouts(gm) for gm, _ in rec.graphs]
+        if enabled:
+            assert symbolic_meta.stats["full_index"] >= 3
     assert traced[True] == traced[False]
