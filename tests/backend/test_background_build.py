@@ -121,3 +121,14 @@ def test_a_window_too_short_falls_back_to_the_load_average(monkeypatch):
     monkeypatch.setattr(build.os, "getloadavg", lambda: (0.2, 0.2, 0.2))
     build.begin()  # no /proc/stat: no window
     assert build._idle_cpus() == 2
+
+
+def test_a_build_never_waited_for_leaves_no_directory(tmp_path):
+    import gc
+
+    with config.patch(cache_dir=str(tmp_path)):
+        pending = build.start(build.SPLIT.join(["// prelude", 'extern "C" void k() {}']))
+    assert list(tmp_path.rglob("build-*"))
+    del pending
+    gc.collect()
+    assert not list(tmp_path.rglob("build-*"))

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -258,7 +259,9 @@ def start(source: str) -> Pending:
         logs.log("kernels", "compiled %s", so)
         return so
 
-    return Pending(source, so, finish)
+    pending = Pending(source, so, finish)
+    weakref.finalize(pending, shutil.rmtree, tmp, True)  # never waited for: no litter
+    return pending
 
 
 def build(source: str) -> Path:
