@@ -132,3 +132,21 @@ def test_a_build_never_waited_for_leaves_no_directory(tmp_path):
     del pending
     gc.collect()
     assert not list(tmp_path.rglob("build-*"))
+
+
+def test_first_calls_from_two_threads_wait_for_one_build(tmp_path):
+    import threading
+
+    x = torch.randn(8, 5)
+    with config.patch(cache_dir=str(tmp_path)):
+        fn = _compile(x)
+        outs = []
+        threads = [threading.Thread(target=lambda: outs.append(fn(x))) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert len(outs) == 2
+    for out in outs:
+        _same(out, _f(x))
+    assert len(list(tmp_path.rglob("*.so"))) == 1  # built once, into the cache

@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -211,6 +212,7 @@ class Pending:
 
     def __init__(self, source: str, so: Path, finish: Callable[[], Path] | None) -> None:
         self.source, self.so, self._finish = source, so, finish
+        self._lock = threading.Lock()  # two threads' first calls: one waits for the other
 
     @property
     def done(self) -> bool:
@@ -219,9 +221,10 @@ class Pending:
 
     def wait(self) -> Path:
         """The library's path, once built (raises BuildError if g++ failed)."""
-        if self._finish is not None:
-            finish, self._finish = self._finish, None
-            self.so = finish()
+        with self._lock:
+            if self._finish is not None:
+                self.so = self._finish()
+                self._finish = None
         return self.so
 
 
