@@ -178,7 +178,7 @@ def _contains(tx: Translator, container: Value, item: Value) -> Value:
     if isinstance(container, SetValue | DictViewValue):
         return ConstantValue(container.contains(tx, item))
     if isinstance(container, DictValue):
-        return ConstantValue(container._key(item) in container.items)
+        return ConstantValue(container._key(item, tx) in container.items)
     if isinstance(container, TensorValue):
         raise Unsupported(BreakReason.DATA_DEPENDENT_BRANCH, "`in` on a tensor")
     if isinstance(container, IteratorValue):  # pulls up to the first match, as Python does
@@ -248,10 +248,18 @@ def _containers(tx: Translator, fn: Any, args: list[Value]) -> Value | None:
         if isinstance(result, set):
             return SetValue(result)
         return ConstantValue(result)
-    if fn in (operator.eq, operator.ne) and type(a) is not type(b):
+    if fn in (operator.eq, operator.ne) and type(a) is not type(b) and not _user_objects(a, b):
         if a.python_type() is not b.python_type() and not _numeric(a, b):
             return ConstantValue(fn is operator.ne)
     return None
+
+
+def _user_objects(*values: Value) -> bool:
+    """Some operand is an object of a Python class: its `__eq__`/`__ne__` decides (an
+    object may equal a number), in `_dunder`."""
+    from ember.capture.values.objects import UserObjectValue
+
+    return any(isinstance(v, UserObjectValue) for v in values)
 
 
 def _numeric(a: Value, b: Value) -> bool:
@@ -271,14 +279,22 @@ def _dunder(tx: Translator, fn: Any, args: list[Value]) -> Value:
         if not (equal.is_constant() and equal.as_constant() is NotImplemented):
             return ConstantValue(not equal.truth(tx))
     if names and isinstance(args[0], UserObjectValue):
-        return args[0].getattr(tx, names[0]).call(tx, args[1:], {})
+        result = args[0].getattr(tx, names[0]).call(tx, args[1:], {})
+        if not (plain in (operator.eq, operator.ne) and _not_implemented(result)):
+            return result
     if names and names[1] and len(args) == 2 and isinstance(args[1], UserObjectValue):
-        return args[1].getattr(tx, names[1]).call(tx, [args[0]], {})
-    if plain in (operator.eq, operator.ne) and len(args) == 2:
+        result = args[1].getattr(tx, names[1]).call(tx, [args[0]], {})
+        if not (plain in (operator.eq, operator.ne) and _not_implemented(result)):
+            return result
+    if plain in (operator.eq, operator.ne) and len(args) == 2:  # both NotImplemented
         same = args[0] is args[1]
         return ConstantValue(same if plain is operator.eq else not same)
     kinds = ", ".join(a.describe() for a in args)
     raise Unsupported(BreakReason.UNSUPPORTED_OPERATOR, f"{fn.__name__} on {kinds}")
+
+
+def _not_implemented(result: Value) -> bool:
+    return result.is_constant() and result.as_constant() is NotImplemented
 
 
 def _default_ne(cls: type) -> bool:

@@ -23,7 +23,10 @@ def build_list(tx, inst):
 
 @handler(Op.BUILD_SET)
 def build_set(tx, inst):
-    tx.push(SetValue(values=tx.popn(inst.arg)))
+    result = SetValue()
+    for value in tx.popn(inst.arg):
+        result.add(value, tx)
+    tx.push(result)
 
 
 @handler(Op.BUILD_MAP)
@@ -31,7 +34,7 @@ def build_map(tx, inst):
     flat = tx.popn(2 * inst.arg)
     result = DictValue({})
     for key, value in zip(flat[::2], flat[1::2]):
-        result.items[result._key(key)] = value
+        result.items[result._key(key, tx)] = value
     tx.push(result)
 
 
@@ -77,7 +80,7 @@ def list_to_tuple(tx, inst):
 @handler(Op.SET_ADD)
 def set_add(tx, inst):
     value = tx.pop()
-    tx.peek(inst.arg).add(value)
+    tx.peek(inst.arg).add(value, tx)
 
 
 @handler(Op.SET_UPDATE)
@@ -91,7 +94,7 @@ def map_add(tx, inst):
     value = tx.pop()
     key = tx.pop()
     target = tx.peek(inst.arg)
-    target.items[target._key(key)] = value
+    target.items[target._key(key, tx)] = value
     tx.ctx.effects.mutated(target)
 
 

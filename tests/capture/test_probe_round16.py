@@ -1,0 +1,213 @@
+"""Probe round of session 16 (issue 12): the gaps left open by round 15, then new probes.
+Each program is compared with eager (values, types, identities, outside state, printed
+text) and with Dynamo's graph and break counts on the same function (fidelity_harness)."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+from fidelity_harness import check, tensors
+
+# --- dicts and sets keyed by objects whose class hashes in Python --------------------------
+
+
+class Key:
+    """Hashed and compared by its `k` (round 15's probe key)."""
+
+    def __hash__(self):
+        return hash(self.k)
+
+    def __eq__(self, other):
+        return isinstance(other, Key) and self.k == other.k
+
+    def __init__(self, k):
+        self.k = k
+
+
+K1, K2 = Key(1), Key(2)
+
+
+def p_dict_literal_user_keys(x):
+    d = {K1: x + 1, K2: x * 2}
+    return d[Key(1)] + d[K2], len(d), Key(2) in d
+
+
+def p_set_literal_user_keys(x):
+    s = {K1, Key(1), K2}
+    return x * len(s), Key(2) in s
+
+
+def p_dict_item_assignment_in_a_loop(x):
+    d = {}
+    for i in range(3):
+        d[Key(i % 2)] = x + i
+    return [v for v in d.values()], len(d)
+
+
+def p_counter_of_user_keys(x):
+    c = collections.Counter([Key(1), Key(1), Key(2)])
+    return x + c[Key(1)], len(c)
+
+
+def test_dict_literal_of_user_keys_is_captured():
+    """Was the whole frame run eagerly (BUILD_MAP); Dynamo runs it eagerly too."""
+    assert check(p_dict_literal_user_keys, tensors((3, 4))).graphs == 1
+
+
+def test_set_literal_of_user_keys_is_captured():
+    check(p_set_literal_user_keys, tensors((3, 4)))  # was 1 frame eagerly (BUILD_SET); Dynamo 1/0
+
+
+def test_user_keys_assigned_in_a_loop_are_captured():
+    check(p_dict_item_assignment_in_a_loop, tensors((3, 4)))  # was 1 frame eagerly; Dynamo 1/0
+
+
+def test_counter_of_user_keys_is_one_graph():
+    check(p_counter_of_user_keys, tensors((3, 4)))  # was 1/3; Dynamo 1/0
+
+
+LOG: list = []
+
+
+class Colliding:
+    """Every instance has the same hash: lookups compare with `__eq__`, which logs."""
+
+    def __init__(self, k):
+        self.k = k
+
+    def __hash__(self):
+        LOG.append(("hash", self.k))
+        return 7
+
+    def __eq__(self, other):
+        LOG.append(("eq", self.k, getattr(other, "k", other)))
+        return isinstance(other, Colliding) and self.k == other.k
+
+
+def p_colliding_keys_compare_in_python_order(x):
+    d = {Colliding(1): x, Colliding(2): x + 1}
+    d[Colliding(1)] = x * 3
+    s = {Colliding(2), Colliding(2), Colliding(3)}
+    return d[Colliding(2)] + d[Colliding(1)], len(d), len(s), Colliding(3) in s, Colliding(4) in s
+
+
+def test_hash_and_eq_calls_come_in_eagers_order():
+    """The trace calls `__hash__` once per lookup and `__eq__` on the stored keys of equal
+    hash, stored key first, in the order they went in (CPython's probe order)."""
+    check(
+        p_colliding_keys_compare_in_python_order,
+        tensors((3, 4)),
+        state=lambda: list(LOG),
+        reset=LOG.clear,
+        dynamo=False,  # Dynamo runs this frame eagerly
+    )
+
+
+class IntLike(Key):
+    """Equal to the number it holds, as well as to other IntLikes (the same hash)."""
+
+    __hash__ = Key.__hash__  # defining __eq__ alone would make it unhashable
+
+    def __eq__(self, other):
+        return self.k == (other.k if isinstance(other, Key) else other)
+
+
+def p_user_key_equal_to_a_constant(x):
+    d = {1: "one", IntLike(2): "two"}
+    d[IntLike(1)] = "uno"
+    return x, d[2], d[1], len(d), list(d.values()), 2 in d, IntLike(1) == 1, 1 == IntLike(1)
+
+
+def test_user_key_equal_to_a_constant_key():
+    """`IntLike(1) == 1` was False in the trace (objects of different types were taken as
+    unequal without asking the class's `__eq__`). Dynamo crashes on this program."""
+    check(p_user_key_equal_to_a_constant, tensors((3, 4)), dynamo=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Frozen:
+    a: int
+    b: str
+
+
+def p_frozen_dataclass_keys(x):
+    d = {Frozen(1, "a"): x}
+    d[Frozen(2, "b")] = x * 2
+    d.setdefault(Frozen(1, "a"), x * 100)
+    v = d.pop(Frozen(2, "b"))
+    return d[Frozen(1, "a")] + v, len(d), d.get(Frozen(3, "c"), None)
+
+
+def p_delete_and_discard_user_keys(x):
+    d = {Frozen(1, "a"): 1, Frozen(2, "b"): 2}
+    del d[Frozen(1, "a")]
+    s = {Frozen(1, "a"), Frozen(2, "b")}
+    s.discard(Frozen(2, "b"))
+    s.add(Frozen(3, "c"))
+    s.remove(Frozen(1, "a"))
+    return x * len(d), [k.a for k in d], sorted(k.a for k in s)
+
+
+def p_missing_user_key_caught(x):
+    d = {Frozen(1, "a"): x}
+    try:
+        return d[Frozen(9, "z")]
+    except KeyError as e:
+        return x - 1, e.args[0].a
+
+
+def p_defaultdict_of_user_keys(x):
+    d = collections.defaultdict(list)
+    for i in range(4):
+        d[Frozen(i % 2, "k")].append(x + i)
+    return [sum(v) for v in d.values()], len(d)
+
+
+def p_set_algebra_of_user_keys(x):
+    a = {Frozen(1, "a"), Frozen(2, "b")}
+    b = [Frozen(2, "b"), Frozen(3, "c"), Frozen(3, "c")]
+    a2 = set(a)
+    a2.update(b)
+    a3 = set(a)
+    a3 |= {Frozen(1, "a")}
+    return (
+        x,
+        sorted(k.a for k in a2),
+        len(a3),
+        len(a | {Frozen(2, "b")}),
+        len(a & {Frozen(2, "b")}),
+        len(a - {Frozen(2, "b")}),
+        {Frozen(1, "a")} == {Frozen(1, "a")},
+    )
+
+
+def p_user_key_returned_in_dict(x):
+    d = {Frozen(1, "a"): x}
+    k = Frozen(1, "a")
+    d[k] = x + 1
+    return d, [type(k) for k in d]
+
+
+def test_dataclass_keys_setdefault_pop_get():
+    check(p_frozen_dataclass_keys, tensors((3, 4)))
+
+
+def test_user_keys_deleted_and_discarded():
+    check(p_delete_and_discard_user_keys, tensors((3, 4)))
+
+
+def test_missing_user_key_raises_keyerror_in_the_trace():
+    check(p_missing_user_key_caught, tensors((3, 4)))  # was 1/1 (a break at the KeyError)
+
+
+def test_defaultdict_of_user_keys():
+    check(p_defaultdict_of_user_keys, tensors((3, 4)))
+
+
+def test_set_algebra_of_user_keys_merges_equal_members():
+    check(p_set_algebra_of_user_keys, tensors((3, 4)))
+
+
+def test_dict_of_user_keys_rebuilt_after_the_graph():
+    check(p_user_key_returned_in_dict, tensors((3, 4)))
