@@ -20,6 +20,7 @@ from ember.capture.values.containers import (
     SequenceValue,
     TupleValue,
 )
+from ember.capture.values.identity import compare_ids
 from ember.capture.values.sets import DictViewValue, SetValue, set_operation
 from ember.capture.values.tensor import TensorValue, tensor_op
 from ember.errors import BreakReason, Unsupported
@@ -62,6 +63,9 @@ _DUNDERS = {
 
 def apply(tx: Translator, fn: Any, args: list[Value]) -> Value:
     """`fn(*args)` for an operator function on symbolic values."""
+    ids = compare_ids(tx, fn, args)
+    if ids is not None:
+        return ids
     if fn in (operator.is_, operator.is_not):
         return _identity(tx, fn, *args)
     if fn is operator.not_:

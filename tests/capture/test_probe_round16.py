@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 
+import torch
 from fidelity_harness import check, tensors
 
 # --- dicts and sets keyed by objects whose class hashes in Python --------------------------
@@ -211,3 +212,47 @@ def test_set_algebra_of_user_keys_merges_equal_members():
 
 def test_dict_of_user_keys_rebuilt_after_the_graph():
     check(p_user_key_returned_in_dict, tensors((3, 4)))
+
+
+# --- id() of tensors and of objects the trace made ----------------------------------------
+
+
+def p_id_of_the_same_tensor(x):
+    items = [x]
+    return id(items[0]) == id(x), items[0] is x
+
+
+def p_ids_as_memo_keys(x, y):
+    seen = {}
+    for t in (x, y, x):
+        seen.setdefault(id(t), t)
+    z = x + 1
+    ids = {id(z), id(z), id(x)}
+    in_seen = id(x) in seen
+    return len(seen), id(x) != id(y), id(z) == id(z), len(ids), in_seen, z, list(seen.values())
+
+
+def test_id_of_a_tensor_compared_is_captured():
+    check(p_id_of_the_same_tensor, tensors((3, 4)))  # was 0/2; Dynamo 0/0
+
+
+def test_ids_of_tensors_as_dict_keys_and_set_members():
+    check(p_ids_as_memo_keys, tensors((3,), (3,)))
+
+
+def test_id_leaving_the_trace_is_the_real_address():
+    """Where the int itself leaves the graph it is computed from the object then: the
+    address of the tensor the caller receives."""
+    import ember
+
+    def f(x):
+        z = x * 2
+        return z, id(z), id(x), {id(z): 1}
+
+    ember.reset()
+    compiled = ember.compile(f, backend="eager")
+    for _ in range(2):
+        x = torch.ones(2)
+        z, iz, ix, d = compiled(x)
+        assert (iz, ix, list(d)) == (id(z), id(x), [id(z)])
+    assert ember.stats()["graph_breaks"] == 0

@@ -278,15 +278,14 @@ def _type(tx, args, kwargs):
 def _id(tx, args, kwargs):
     """The address of an object from outside, which the guard then pins (the entry is
     dropped if it dies). Objects the trace makes, and tensors (a new one every call), have
-    no address known while tracing."""
+    no address known while tracing: an IdValue (values/identity.py)."""
     from ember.capture.guards import GuardKind
+    from ember.capture.values.identity import IdValue
 
     value = args[0]
     real = tx.ctx.builder.real_object(value)
     if real is None or value.source is None or isinstance(value, TensorValue):
-        raise Unsupported(
-            BreakReason.UNSUPPORTED_CALL, f"id() of {value.describe()}, known only at run time"
-        )
+        return IdValue(value)
     tx.ctx.guards.add(GuardKind.ID_MATCH, value.source, real)
     return ConstantValue(id(real))
 

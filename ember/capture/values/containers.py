@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ember.capture.values import hashed_keys
 from ember.capture.values.base import (
     ConstantValue,
     FoldingRaised,
@@ -22,6 +23,8 @@ from ember.capture.values.base import (
     from_class_statement,
     missing_key,
 )
+from ember.capture.values.hashed_keys import HashedKey
+from ember.capture.values.identity import IdKey, IdValue
 from ember.errors import BreakReason, Unsupported
 
 if TYPE_CHECKING:
@@ -332,8 +335,6 @@ def dict_key(value: Value, tx: Translator | None = None, keys: Any = ()) -> Any:
     (given the translator) the stored key or new HashedKey of an object whose class hashes
     in Python (values/hashed_keys.py). `keys` need only be given where it may hold
     HashedKeys: constants are then matched against them too."""
-    from ember.capture.values import hashed_keys
-
     if value.is_constant():
         constant = value.as_constant()
         return hashed_keys.constant_key(tx, constant, keys) if tx is not None else constant
@@ -345,6 +346,8 @@ def dict_key(value: Value, tx: Translator | None = None, keys: Any = ()) -> Any:
         return IdentityKey(value)  # Module and Tensor hash by id (Tensor.__eq__ is elementwise)
     if kind is not None and hashes_by_identity(kind):
         return IdentityKey(value)
+    if isinstance(value, IdValue):
+        return IdKey(value)
     if tx is not None and kind is not None and _user_object(value):
         if hashed_keys.hashes_in_python(kind):
             return hashed_keys.hashed_key(tx, value, keys)
@@ -353,9 +356,7 @@ def dict_key(value: Value, tx: Translator | None = None, keys: Any = ()) -> Any:
 
 def _symbolic_key(key: Any) -> bool:
     """A stored key that stands for a symbolic value (not a constant)."""
-    from ember.capture.values.hashed_keys import HashedKey
-
-    return isinstance(key, IdentityKey | HashedKey)
+    return isinstance(key, IdentityKey | HashedKey | IdKey)
 
 
 def _user_object(value: Value) -> bool:
@@ -378,7 +379,7 @@ class DictValue(Value):
         self.source = source
         self.dict_type = dict_type
         self.read_only = False
-        self.holds_hashed = any(_symbolic_key(k) and not isinstance(k, IdentityKey) for k in items)
+        self.holds_hashed = any(isinstance(k, HashedKey) for k in items)
         """Some key is a HashedKey: constants are then looked up among the stored keys too."""
         """A types.MappingProxyType: items are read, never written."""
         self.attrs: dict[str, Value] = {}
@@ -416,7 +417,7 @@ class DictValue(Value):
         stored keys are searched for a constant only once the dict holds such objects."""
         keys = self.items if self.holds_hashed or not key.is_constant() else ()
         k = dict_key(key, tx, keys)
-        if _symbolic_key(k) and not isinstance(k, IdentityKey):
+        if isinstance(k, HashedKey):
             self.holds_hashed = True
         return k
 
