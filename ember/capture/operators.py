@@ -75,7 +75,7 @@ def apply(tx: Translator, fn: Any, args: list[Value]) -> Value:
     if fn is operator.contains:
         return _contains(tx, args[0], args[1])
     if fn is operator.getitem:
-        return args[0].getitem(tx, args[1])
+        return args[0].getitem(tx, index_key(tx, args[0], args[1]))
     if any(isinstance(a, TensorValue) for a in args):
         if fn in _INPLACE_TO_PLAIN and args[0].python_type() in (int, float, bool, complex):
             # `n += t` for a number n: numbers have no in-place form, so Python runs n + t
@@ -95,6 +95,27 @@ def apply(tx: Translator, fn: Any, args: list[Value]) -> Value:
     if result is not None:
         return result
     return _dunder(tx, fn, args)
+
+
+def index_key(tx: Translator, container: Value, key: Value) -> Value:
+    """The key a sequence, a tensor or a size is indexed with, where the key is an object
+    whose class writes `__index__` in Python: CPython and torch call it, so the trace
+    inlines it (the int it gives). A dict or an object's own `__getitem__` gets the object."""
+    from ember.capture.values.objects import UserObjectValue, python_override
+
+    if not isinstance(key, UserObjectValue) or python_override(key.cls, "__index__") is None:
+        return key
+    indexed = isinstance(container, TensorValue | SequenceValue) or (
+        container.is_constant() and isinstance(container.as_constant(), tuple | list | str | range)
+    )
+    if not indexed:
+        return key
+    result = key.type_method(tx, "__index__").call(tx, [], {})
+    if not (result.is_constant() and type(result.as_constant()) is int):
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_OPERATOR, f"__index__ of {key.describe()} gave no int"
+        )
+    return result
 
 
 def same_value(tx: Translator, a: Value, b: Value) -> bool:

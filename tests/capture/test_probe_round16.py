@@ -8,7 +8,7 @@ import collections
 import dataclasses
 
 import torch
-from fidelity_harness import check, tensors
+from fidelity_harness import check, dynamo_counts, tensors
 
 # --- dicts and sets keyed by objects whose class hashes in Python --------------------------
 
@@ -256,3 +256,27 @@ def test_id_leaving_the_trace_is_the_real_address():
         z, iz, ix, d = compiled(x)
         assert (iz, ix, list(d)) == (id(z), id(x), [id(z)])
     assert ember.stats()["graph_breaks"] == 0
+
+
+# --- an object with __index__ used as an index ----------------------------------------------
+
+
+class _One:
+    def __index__(self):
+        return 1
+
+
+def p_index_protocol(x):
+    items = [10, 20, 30]
+    items[_One()] = 21
+    del items[_One()]
+    return x[_One()], items[_One()], x.shape[_One()], (1, 2, 3)[_One()], "abc"[_One()]
+
+
+def test_index_objects_index_tensors_lists_and_sizes():
+    """Each use was a break (0/3). Dynamo breaks once and captures nothing (0/1): ember's one
+    graph is more than Dynamo's none, so the counts are compared by breaks and ops."""
+    counts = check(p_index_protocol, tensors((3, 4)), dynamo=False)
+    theirs = dynamo_counts(p_index_protocol, tensors((3, 4)))
+    assert (counts.graphs, counts.breaks) == (1, 0)
+    assert counts.breaks <= theirs.breaks and counts.ops >= theirs.ops

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ember.bytecode import Op
 from ember.capture.handlers import handler
+from ember.capture.operators import index_key
 from ember.capture.values.base import ConstantValue, Value
 from ember.capture.values.containers import DictValue, ListValue, SliceValue, TupleValue
 from ember.capture.values.objects import ModuleValue, UserObjectValue
@@ -137,7 +138,7 @@ def unpack_ex(tx, inst):
 def binary_subscr(tx, inst):
     key = tx.pop()
     container = tx.pop()
-    tx.push(container.getitem(tx, key))
+    tx.push(container.getitem(tx, index_key(tx, container, key)))
 
 
 @handler(Op.STORE_SUBSCR)
@@ -145,13 +146,14 @@ def store_subscr(tx, inst):
     key = tx.pop()
     container = tx.pop()
     value = tx.pop()
-    container.setitem(tx, key, value)
+    container.setitem(tx, index_key(tx, container, key), value)
 
 
 @handler(Op.DELETE_SUBSCR)
 def delete_subscr(tx, inst):
     key = tx.pop()
-    tx.pop().delitem(tx, key)
+    container = tx.pop()
+    container.delitem(tx, index_key(tx, container, key))
 
 
 @handler(Op.BINARY_SLICE)
