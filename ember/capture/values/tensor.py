@@ -9,6 +9,7 @@ Python values (sizes, flags) become constants and leave no node behind.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import sys
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from ember.capture.guards import GuardKind
 from ember.capture.shapes import SYM_TYPES
 from ember.capture.sources import AttrSource, MethodResultSource
 from ember.capture.values.base import ConstantValue, MissingAttribute, Value
+from ember.capture.values.inference_mode import made_tensor_is_inference, records_no_autograd
 from ember.capture.values.meta import is_data_dependent_error, result_device, run_on_meta
 from ember.capture.values.objects import pin_class_attribute
 from ember.errors import BreakReason, Unsupported
@@ -96,9 +98,6 @@ _REFUSED = {
     "retain_grad": "retain_grad()",
     "data_ptr": "data pointers",
     "untyped_storage": "storage access",
-    # whether a tensor is an inference tensor depends on the mode it was made in (a view
-    # of an ordinary tensor is not one), which the meta examples do not share
-    "is_inference": "Tensor.is_inference()",
 }
 
 
@@ -108,6 +107,9 @@ def _asks_for_grad(args: list[Value], kwargs: dict[str, Value]) -> bool:
 
 
 class TensorValue(Value):
+    inference: bool | None = None
+    """Whether it is an inference tensor, where known (see `is_inference`)."""
+
     def __init__(
         self, node: torch.fx.Node, example: torch.Tensor, device: torch.device, source=None
     ) -> None:
@@ -257,6 +259,8 @@ class TensorValue(Value):
             from ember.capture.values.tensor_hooks import register_hook
 
             return register_hook(tx, self, args, kwargs)
+        if name == "is_inference" and not args and not kwargs:
+            return ConstantValue(self.is_inference(tx))
         if name in _REFUSED:
             raise Unsupported(BreakReason.UNSUPPORTED_CALL, _REFUSED[name])
         if name == "requires_grad_" and self.source is None and _asks_for_grad(args, kwargs):
@@ -285,6 +289,26 @@ class TensorValue(Value):
         return tensor_op(
             tx, "call_method", "add_" if name.endswith("_") else "add", [self, term], {}
         )
+
+    def is_inference(self, tx: Translator) -> bool:
+        """Whether it is an inference tensor: a tensor from outside says so itself (its
+        TENSOR_MATCH guard checks its dispatch keys, which differ for inference tensors); a
+        tensor the trace made, by the mode it was made in (values/inference_mode.py). The
+        meta examples are ordinary tensors, so they cannot tell."""
+        known = self.known_inference(tx)
+        if known is None:
+            raise Unsupported(
+                BreakReason.UNSUPPORTED_CALL,
+                f"Tensor.is_inference() of {self.describe()}, a view whose base is not known",
+            )
+        return known
+
+    def known_inference(self, tx: Translator) -> bool | None:
+        if self.inference is None and self.source is not None:
+            real = tx.ctx.builder.real_object(self)
+            if isinstance(real, torch.Tensor):
+                self.inference = real.is_inference()
+        return self.inference
 
     def length(self, tx: Translator) -> int:
         if self.example.dim() == 0:
@@ -418,7 +442,8 @@ def tensor_op(
     name = _op_name(target)
     versions = [t.example._version for t in inputs]
     try:
-        result = run_on_meta(kind, target, ex_args, ex_kwargs)
+        with torch.no_grad() if records_no_autograd(tx.ctx.out) else contextlib.nullcontext():
+            result = run_on_meta(kind, target, ex_args, ex_kwargs)
     except Unsupported:
         raise
     except Exception as exc:
@@ -440,7 +465,13 @@ def tensor_op(
         tx.ctx.out.check_writes(written)
         tx.ctx.effects.touch()  # wrote to a tensor: a side effect, as a list append is
     device = result_device(kind, target, ex_args, ex_kwargs, [t.device for t in inputs])
-    return wrap_result(tx, node, result, device, inputs)
+    wrapped = wrap_result(tx, node, result, device, inputs)
+    for made in _tensor_values([wrapped]):
+        if made.node is not None and all(made is not t for t in inputs):
+            view = made.example._is_view()
+            bases = [(t.example, t.known_inference(tx)) for t in inputs] if view else []
+            made.inference = made_tensor_is_inference(tx.ctx.out, made.example, bases)
+    return wrapped
 
 
 def _autocast_inputs(
