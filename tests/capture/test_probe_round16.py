@@ -402,3 +402,37 @@ def test_break_inside_enable_grad_inside_inference_mode_restores_grad_mode():
     function may set it again (the final grad mode was False, eagerly True)."""
     check(p_break_inside_enable_grad_inside_inference_mode, _leaf)
     assert torch.is_grad_enabled()
+
+
+# --- requires_grad_() on a tensor the graph made, grad_fn ----------------------------------
+
+
+def p_requires_grad_then_grad_fn(x):
+    y = x.detach().requires_grad_()
+    z = (y * 2).sum()
+    return z.requires_grad, y.is_leaf, z.grad_fn is not None, z.detach()
+
+
+def test_requires_grad_made_tensor_then_grad_fn_is_not_none():
+    """`z.grad_fn is not None` of a tensor with history was a break (3/2; Dynamo 2/3): the
+    grad_fn is now a stand-in that compares with None and is read from the real tensor
+    where it leaves the trace."""
+    check(p_requires_grad_then_grad_fn, tensors((3,)))
+
+
+def test_grad_fn_leaving_the_trace_is_the_tensors_node():
+    import ember
+
+    def f(x):
+        z = x * 2
+        g = z.grad_fn
+        return z, g, g is z.grad_fn, bool(g), x.grad_fn
+
+    ember.reset()
+    compiled = ember.compile(f, backend="eager")
+    for _ in range(2):
+        x = torch.ones(2, requires_grad=True)
+        z, g, same, truth, leaf_fn = compiled(x)
+        assert g is z.grad_fn and type(g).__name__ == "MulBackward0"
+        assert (same, truth, leaf_fn) == (True, True, None)
+    assert ember.stats()["graph_breaks"] == 0

@@ -109,6 +109,8 @@ def _asks_for_grad(args: list[Value], kwargs: dict[str, Value]) -> bool:
 class TensorValue(Value):
     inference: bool | None = None
     """Whether it is an inference tensor, where known (see `is_inference`)."""
+    grad_fn: Value | None = None
+    """The stand-in of its `grad_fn` last read (values/grad_fn.py)."""
 
     def __init__(
         self, node: torch.fx.Node, example: torch.Tensor, device: torch.device, source=None
@@ -188,7 +190,8 @@ class TensorValue(Value):
     def _autograd_history(self, tx: Translator, name: str) -> Value:
         """`is_leaf`, and `grad_fn` where it is None: from the example, which mirrors an
         outside tensor's history on the call captured; a later call's tensor may have
-        another (`x * 2` for a leaf), so the answer is guarded. A `grad_fn` object breaks."""
+        another (`x * 2` for a leaf), so the answer is guarded. A `grad_fn` that is not None
+        is a stand-in (values/grad_fn.py)."""
         real = tx.ctx.builder.real_object(self) if self.source is not None else None
         leaf = self.example.is_leaf if real is None else real.is_leaf
         if real is not None:
@@ -197,7 +200,12 @@ class TensorValue(Value):
             return ConstantValue(leaf)
         if leaf or not self.example.requires_grad:  # requires_grad: the tensor's own guard
             return ConstantValue(None)
-        raise Unsupported(BreakReason.UNSUPPORTED_ATTRIBUTE, f"grad_fn of {self.describe()}")
+        from ember.capture.values.grad_fn import GradFnValue
+
+        # one node until an in-place op gives the tensor a new one (`g is t.grad_fn`)
+        if self.grad_fn is None or self.grad_fn.version != self.example._version:
+            self.grad_fn = GradFnValue(self)
+        return self.grad_fn
 
     def _grad(self, tx: Translator) -> Value:
         """`p.grad` of a tensor from outside (an optimizer reading its parameters' gradients):
