@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import typing
 
 import torch
 import torch._dynamo
@@ -436,3 +437,15 @@ def test_grad_fn_leaving_the_trace_is_the_tensors_node():
         assert g is z.grad_fn and type(g).__name__ == "MulBackward0"
         assert (same, truth, leaf_fn) == (True, True, None)
     assert ember.stats()["graph_breaks"] == 0
+
+
+# --- new probes of round 16 -----------------------------------------------------------------
+
+
+def p_isinstance_of_a_typing_alias(x):
+    y = typing.cast(torch.Tensor, x)
+    return y + 1, isinstance(x, typing.Sequence), isinstance([1], typing.List)
+
+
+def test_isinstance_of_a_typing_alias():
+    check(p_isinstance_of_a_typing_alias, tensors((3, 4)))  # was 1/1; Dynamo 1/0

@@ -29,6 +29,7 @@ from ember.capture.shapes import is_symbolic
 from ember.capture.values import compiler
 from ember.capture.values.base import (
     ConstantValue,
+    FoldingRaised,
     Value,
     all_constant,
     from_class_statement,
@@ -247,13 +248,29 @@ def _hash(tx, args, kwargs):
 
 @handles(isinstance)
 def _isinstance(tx, args, kwargs):
-    cls = args[1].as_constant()
-    return ConstantValue(issubclass(args[0].python_type(), cls))
+    cls = _class_operand(tx, args[1])
+    try:
+        return ConstantValue(issubclass(args[0].python_type(), cls))
+    except TypeError as exc:  # a subscripted generic: eager's isinstance raises the same
+        raise FoldingRaised(exc, f"TypeError: {exc}") from None
 
 
 @handles(issubclass)
 def _issubclass(tx, args, kwargs):
-    return ConstantValue(issubclass(args[0].as_constant(), args[1].as_constant()))
+    return ConstantValue(issubclass(args[0].as_constant(), _class_operand(tx, args[1])))
+
+
+def _class_operand(tx: Translator, value: Value) -> Any:
+    """The class (or tuple of them) `isinstance`/`issubclass` test against. A typing alias
+    from outside (`typing.Sequence`, `typing.Dict`) is one too: its `__subclasscheck__`
+    asks its origin class (pinned by an identity guard, as a global may be rebound)."""
+    from ember.capture.guards import GuardKind
+
+    real = tx.ctx.builder.real_object(value) if value.source is not None else None
+    if real is not None and type(real).__module__ == "typing" and hasattr(real, "__origin__"):
+        tx.ctx.guards.add(GuardKind.ID_MATCH, value.source, real)
+        return real
+    return value.as_constant()
 
 
 @handles(callable)
