@@ -274,7 +274,7 @@ def _containers(tx: Translator, fn: Any, args: list[Value]) -> Value | None:
             return SetValue(result)
         return ConstantValue(result)
     if fn in (operator.eq, operator.ne) and type(a) is not type(b) and not _user_objects(a, b):
-        if a.python_type() is not b.python_type() and not _numeric(a, b):
+        if a.python_type() is not b.python_type() and not _numeric(a, b) and not _sets(a, b):
             return ConstantValue(fn is operator.ne)
     return None
 
@@ -285,6 +285,15 @@ def _user_objects(*values: Value) -> bool:
     from ember.capture.values.objects import UserObjectValue
 
     return any(isinstance(v, UserObjectValue) for v in values)
+
+
+_SET_TYPES = (set, frozenset, type({}.keys()), type({}.items()))
+
+
+def _sets(a: Value, b: Value) -> bool:
+    """Both sides are sets or dict views, which compare equal across their types
+    (`d.keys() == {"a"}`): not decided by the types."""
+    return all(issubclass(v.python_type(), _SET_TYPES) for v in (a, b))
 
 
 def _numeric(a: Value, b: Value) -> bool:
@@ -311,11 +320,19 @@ def _dunder(tx: Translator, fn: Any, args: list[Value]) -> Value:
         result = args[1].getattr(tx, names[1]).call(tx, [args[0]], {})
         if not (plain in (operator.eq, operator.ne) and _not_implemented(result)):
             return result
-    if plain in (operator.eq, operator.ne) and len(args) == 2:  # both NotImplemented
-        same = args[0] is args[1]
+    if plain in (operator.eq, operator.ne) and len(args) == 2 and not _own_eq(args):
+        same = args[0] is args[1]  # object's `==`: identity
         return ConstantValue(same if plain is operator.eq else not same)
     kinds = ", ".join(a.describe() for a in args)
     raise Unsupported(BreakReason.UNSUPPORTED_OPERATOR, f"{fn.__name__} on {kinds}")
+
+
+def _own_eq(args: list[Value]) -> bool:
+    """An object ember cannot look into whose C class defines `==` (a dict view, a numpy
+    array): its answer is not identity, and only CPython knows it."""
+    from ember.capture.values.builder import OpaqueValue
+
+    return any(isinstance(v, OpaqueValue) and v.cls.__eq__ is not object.__eq__ for v in args)
 
 
 def _not_implemented(result: Value) -> bool:

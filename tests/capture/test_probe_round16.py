@@ -4,8 +4,10 @@ text) and with Dynamo's graph and break counts on the same function (fidelity_ha
 
 from __future__ import annotations
 
+import abc
 import collections
 import dataclasses
+import types
 import typing
 
 import torch
@@ -449,3 +451,58 @@ def p_isinstance_of_a_typing_alias(x):
 
 def test_isinstance_of_a_typing_alias():
     check(p_isinstance_of_a_typing_alias, tensors((3, 4)))  # was 1/1; Dynamo 1/0
+
+
+class _Shape(abc.ABC):
+    @abc.abstractmethod
+    def area(self, t): ...
+
+    def doubled(self, t):
+        return self.area(t) * 2
+
+
+class _Square(_Shape):
+    def area(self, t):
+        return t * t
+
+
+def p_abstract_class_instantiated(x):
+    try:
+        _Shape()
+    except TypeError as e:
+        message = str(e)
+    return _Square().doubled(x), isinstance(_Square(), _Shape), message
+
+
+def test_instantiating_an_abstract_class_raises_in_the_trace():
+    """`_Shape()` made an object in the trace (eagerly TypeError): `message` was then read
+    unassigned and the whole frame ran eagerly. Dynamo runs the frame eagerly too."""
+    check(p_abstract_class_instantiated, tensors((3, 4)))
+
+
+def p_dict_keys_from_outside_compared_with_a_set(x):
+    ns = types.SimpleNamespace(a=1, b=x)  # a C class: a break, ns then comes from outside
+    ns.c = 3
+    keys = vars(ns).keys()
+    return x, keys == {"a", "b", "c"}, keys != {"a"}
+
+
+def test_dict_view_from_outside_compared_with_a_set():
+    """`==` between a C object ember cannot look into and another type answered identity
+    (False); eagerly a dict view equals a set with its keys. Now a break there."""
+    check(p_dict_keys_from_outside_compared_with_a_set, tensors((3,)), dynamo=False)
+
+
+def p_tuple_keys_holding_tensors(x):
+    y = x + 1
+    d = {("a", x): 1, ("b", y): 2}
+    d[("a", x)] = 10
+    pairs = {(0, x), (0, x), (1, y)}
+    items = {"a": 1, "b": x}.items()
+    return d[("b", y)] + d[("a", x)], len(d), len(pairs), items == {("a", 1), ("b", x)}
+
+
+def test_tuple_keys_holding_tensors_and_items_views_as_sets():
+    """A tuple holding a tensor as a dict key or set member ran the whole frame eagerly
+    (BUILD_MAP / BUILD_SET); `d.items() == a set` was False in the trace."""
+    check(p_tuple_keys_holding_tensors, tensors((3,)))

@@ -23,7 +23,7 @@ from ember.capture.values.base import (
     from_class_statement,
     missing_key,
 )
-from ember.capture.values.hashed_keys import HashedKey
+from ember.capture.values.hashed_keys import HashedKey, TupleKey
 from ember.capture.values.identity import IdKey, IdValue
 from ember.errors import BreakReason, Unsupported
 
@@ -348,6 +348,14 @@ def dict_key(value: Value, tx: Translator | None = None, keys: Any = ()) -> Any:
         return IdentityKey(value)
     if isinstance(value, IdValue):
         return IdKey(value)
+    if isinstance(value, TupleValue):
+        parts = tuple(dict_key(item, tx) for item in value.items)
+        if any(isinstance(p, HashedKey) for p in parts):  # merged only at the top level
+            raise Unsupported(
+                BreakReason.UNSUPPORTED_OPERATOR,
+                f"dict key {value.describe()} holding objects whose class hashes in Python",
+            )
+        return TupleKey(value, parts)
     if tx is not None and kind is not None and _user_object(value):
         if hashed_keys.hashes_in_python(kind):
             return hashed_keys.hashed_key(tx, value, keys)
@@ -356,7 +364,7 @@ def dict_key(value: Value, tx: Translator | None = None, keys: Any = ()) -> Any:
 
 def _symbolic_key(key: Any) -> bool:
     """A stored key that stands for a symbolic value (not a constant)."""
-    return isinstance(key, IdentityKey | HashedKey | IdKey)
+    return isinstance(key, IdentityKey | HashedKey | IdKey | TupleKey)
 
 
 def _user_object(value: Value) -> bool:

@@ -117,3 +117,21 @@ def constant_key(tx: Translator, constant: Any, keys: Iterable[Any]) -> Any:
         return constant
     found = find_key(tx, ConstantValue(constant), hash_, hashed)
     return found if found is not None else constant
+
+
+class TupleKey:
+    """A tuple key with items that are not all constants (`d[(name, t)]`, a set of pairs
+    holding tensors): Python hashes and compares a tuple by its items, so the key is the
+    tuple of the items' own keys."""
+
+    __slots__ = ("value", "parts")
+
+    def __init__(self, value: Value, parts: tuple) -> None:
+        self.value = value
+        self.parts = parts
+
+    def __hash__(self) -> int:
+        return hash(self.parts)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TupleKey) and other.parts == self.parts

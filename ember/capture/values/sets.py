@@ -243,6 +243,11 @@ def _real_operand(tx: Translator, value: Any) -> _Operand:
         return _Operand(dict.fromkeys(keys).keys(), {k: key_value(k) for k in keys})
     items = value.iterate(tx)
     keys = [dict_key(v, tx) for v in items]
+    if isinstance(value, DictViewValue):  # `d.items()`: set-like, as a keys view of its pairs
+        try:
+            return _Operand(dict.fromkeys(keys).keys(), dict(zip(keys, items)))
+        except TypeError as exc:  # an unhashable value: CPython decides when it raises
+            raise Unsupported(BreakReason.UNSUPPORTED_OPERATOR, f"set algebra: {exc}") from None
     return _Operand(keys, dict(zip(keys, items)))
 
 
@@ -301,7 +306,7 @@ def is_set_like(value: Value) -> bool:
     return (
         isinstance(value, SetValue)
         or isinstance(value, DictViewValue)
-        and value.kind == "keys"
+        and value.kind in ("keys", "items")
         or isinstance(value, ConstantValue)
         and isinstance(value.value, (set, frozenset))
     )
