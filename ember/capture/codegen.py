@@ -77,6 +77,7 @@ class Emitter:
         self.output_index = harvest.output_index
         self._sizes = harvest.sizes
         self._built: dict[int, str] = {}
+        self._building: set[int] = set()
         self.site: BreakSite | None = None
         """The break this code is for: callbacks of iterators made again lazily go through
         ember as its callee does (`reconstruct_callback`)."""
@@ -128,7 +129,16 @@ class Emitter:
         if key in self._built:
             self.cg.load_fast(self._built[key])
             return
-        value.reconstruct(self)
+        if key in self._building:  # it holds itself (a function whose attribute refers back)
+            raise Unsupported(
+                BreakReason.UNSUPPORTED_OBJECT,
+                f"{value.describe()} made during capture refers to itself: it cannot be rebuilt",
+            )
+        self._building.add(key)
+        try:
+            value.reconstruct(self)
+        finally:
+            self._building.discard(key)
         if _is_fresh_mutable(value):
             name = f"___tmp{len(self._built)}"
             self._built[key] = name

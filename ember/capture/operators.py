@@ -101,19 +101,25 @@ def index_key(tx: Translator, container: Value, key: Value) -> Value:
     """The key a sequence, a tensor or a size is indexed with, where the key is an object
     whose class writes `__index__` in Python: CPython and torch call it, so the trace
     inlines it (the int it gives). A dict or an object's own `__getitem__` gets the object."""
+    indexed = isinstance(container, TensorValue | SequenceValue) or (
+        isinstance(container, ConstantValue)
+        and isinstance(container.value, tuple | list | str | range)
+    )
+    number = index_of(tx, key) if indexed else None
+    return key if number is None else number
+
+
+def index_of(tx: Translator, value: Value) -> Value | None:
+    """`operator.index(value)` for an object whose class writes `__index__` in Python (its
+    method inlined; the int it gives); None for any other value."""
     from ember.capture.values.objects import UserObjectValue, python_override
 
-    if not isinstance(key, UserObjectValue) or python_override(key.cls, "__index__") is None:
-        return key
-    indexed = isinstance(container, TensorValue | SequenceValue) or (
-        container.is_constant() and isinstance(container.as_constant(), tuple | list | str | range)
-    )
-    if not indexed:
-        return key
-    result = key.type_method(tx, "__index__").call(tx, [], {})
+    if not isinstance(value, UserObjectValue) or python_override(value.cls, "__index__") is None:
+        return None
+    result = value.type_method(tx, "__index__").call(tx, [], {})
     if not (result.is_constant() and type(result.as_constant()) is int):
         raise Unsupported(
-            BreakReason.UNSUPPORTED_OPERATOR, f"__index__ of {key.describe()} gave no int"
+            BreakReason.UNSUPPORTED_OPERATOR, f"__index__ of {value.describe()} gave no int"
         )
     return result
 

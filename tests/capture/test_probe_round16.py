@@ -7,6 +7,8 @@ from __future__ import annotations
 import abc
 import collections
 import dataclasses
+import functools
+import operator
 import types
 import typing
 
@@ -506,3 +508,54 @@ def test_tuple_keys_holding_tensors_and_items_views_as_sets():
     """A tuple holding a tensor as a dict key or set member ran the whole frame eagerly
     (BUILD_MAP / BUILD_SET); `d.items() == a set` was False in the trace."""
     check(p_tuple_keys_holding_tensors, tensors((3,)))
+
+
+def p_singledispatch_made_in_forward(x):
+    @functools.singledispatch
+    def kind(v):
+        return "object"
+
+    @kind.register
+    def _(v: int):
+        return "int"
+
+    return x, kind(1), kind("s")
+
+
+def test_singledispatch_made_in_forward_does_not_crash():
+    """Rebuilding the dispatcher (a function whose attributes refer back to it) recursed
+    until RecursionError; a value that holds itself is now refused where it is rebuilt.
+    Still a frame run eagerly (open), but with eager's answers."""
+    check(p_singledispatch_made_in_forward, tensors((3,)), eager_frames=1, dynamo=False)
+
+
+def p_min_max_with_default(x):
+    return x, min([], default=5), max([3, 1, 2], default=0), min((2, "b"), (1, "z"))
+
+
+def test_min_and_max_with_default_fold():
+    check(p_min_max_with_default, tensors((3,)))  # was 0/1; Dynamo 0/0
+
+
+def p_dict_view_with_any_iterable(x):
+    d = {"a": 1, "b": 2}
+    e = {"b": 3, "c": 4}
+    return x, sorted(d.keys() | e), sorted(d.keys() & ["a"]), sorted(["z"] | d.keys())
+
+
+def test_dict_view_algebra_with_any_iterable():
+    check(p_dict_view_with_any_iterable, tensors((3,)))  # was 0/1; Dynamo 0/0
+
+
+class _Two:
+    def __index__(self):
+        return 2
+
+
+def p_index_builtins(x):
+    i = _Two()
+    return x[:, operator.index(i)], range(10)[i], bin(i), hex(_Two()), oct(i)
+
+
+def test_operator_index_and_number_formats_of_index_objects():
+    assert check(p_index_builtins, tensors((3, 4)), dynamo=False).breaks == 0  # was 0/4

@@ -454,6 +454,10 @@ def _min_max_for(fn: Any) -> Handler:
         items = _reduce_items(tx, args)
         if "key" in kwargs and set(kwargs) <= {"key", "default"}:
             return _extreme_by_key(tx, fn, items, kwargs)
+        if set(kwargs) == {"default"} and len(args) == 1:
+            if not items:
+                return kwargs["default"]
+            kwargs = {}
         if all_constant(items) and not kwargs:
             values = [v.symbolic() for v in items]
             if any(map(is_symbolic, values)) and all(type(v) in _INTS for v in values):

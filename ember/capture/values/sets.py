@@ -314,14 +314,27 @@ def is_set_like(value: Value) -> bool:
 
 def set_operation(tx: Translator, fn: Any, a: Value, b: Value) -> Value | None:
     """`|`, `&`, `-`, `^`, comparisons and their in-place forms where both sides are sets,
-    frozensets or key views: Python's own operator on the real forms. None otherwise."""
-    if fn not in _SET_OPERATORS or not (is_set_like(a) and is_set_like(b)):
+    frozensets or key views: Python's own operator on the real forms. None otherwise. A
+    dict view takes any iterable on the other side (`d.keys() | other_dict`)."""
+    if fn not in _SET_OPERATORS:
+        return None
+    if not (is_set_like(a) and is_set_like(b)) and not _view_with_iterable(fn, a, b):
         return None
     if fn in _IN_PLACE and isinstance(a, SetValue):
         return a.in_place(tx, fn, b)
     seen: dict = {}
     left, right = real_operand(tx, a, seen), real_operand(tx, b, seen)
     return _wrap_result(fn(left.real, right.real), [left, right])
+
+
+_ALGEBRA = frozenset([operator.or_, operator.and_, operator.sub, operator.xor])
+
+
+def _view_with_iterable(fn: Any, a: Value, b: Value) -> bool:
+    """`view | iterable` and the reflected forms: dict_keys/dict_items accept any iterable."""
+    return fn in _ALGEBRA and any(
+        isinstance(v, DictViewValue) and v.kind in ("keys", "items") for v in (a, b)
+    )
 
 
 class DictViewValue(Value):
