@@ -559,3 +559,38 @@ def p_index_builtins(x):
 
 def test_operator_index_and_number_formats_of_index_objects():
     assert check(p_index_builtins, tensors((3, 4)), dynamo=False).breaks == 0  # was 0/4
+
+
+class _Scaled(torch.Tensor):
+    pass
+
+
+class _Logged(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def p_ops_on_a_tensor_subclass(x):
+    y = x * 2
+    p = torch.nn.Parameter(torch.ones(4))
+    return y, type(y).__name__, isinstance(y, type(x)), type(p * 2).__name__, (y + 1).sum()
+
+
+def test_ops_on_a_tensor_subclass_keep_its_class():
+    """The trace took every op's result for a plain Tensor (`type(y)` answered Tensor)."""
+    check(p_ops_on_a_tensor_subclass, lambda: (torch.ones(3, 4).as_subclass(_Scaled),))
+    check(p_ops_on_a_tensor_subclass, lambda: (torch.ones(3, 4).as_subclass(_Logged),))
+
+
+def p_checkpoint_body(x):
+    def block(t):
+        return torch.relu(t) * 2
+
+    return torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+
+
+def test_checkpoint_body_is_traced():
+    """A body traced as a subgraph read the capture's inference-mode blocks, which only the
+    top graph had (AttributeError in this branch before its fix; Dynamo 1/0)."""
+    check(p_checkpoint_body, tensors((3, 4)))

@@ -474,8 +474,10 @@ def tensor_op(
         tx.ctx.effects.touch()  # wrote to a tensor: a side effect, as a list append is
     device = result_device(kind, target, ex_args, ex_kwargs, [t.device for t in inputs])
     wrapped = wrap_result(tx, node, result, device, inputs)
+    subclass = _result_subclass(inputs)
     for made in _tensor_values([wrapped]):
         if made.node is not None and all(made is not t for t in inputs):
+            made.python_cls = subclass
             view = made.example._is_view()
             bases = [(t.example, t.known_inference(tx)) for t in inputs] if view else []
             made.inference = made_tensor_is_inference(tx.ctx.out, made.example, bases)
@@ -527,6 +529,22 @@ def _substituted(value: Value, replacements: dict[int, Value]) -> Value:
     if isinstance(value, SequenceValue) and any(id(v) in replacements for v in value.items):
         return type(value)([_substituted(v, replacements) for v in value.items])
     return value
+
+
+def _result_subclass(inputs: list[TensorValue]) -> type:
+    """The class of the tensors an op returns, as torch's `__torch_function__` protocol
+    makes it: Tensor's own `__torch_function__` converts them to the class of the first
+    overriding argument (a subclass before its bases); a class that disables it
+    (nn.Parameter) gives plain tensors."""
+    found = torch.Tensor
+    for tensor in inputs:
+        cls = tensor.python_cls
+        override = getattr(cls, "__torch_function__", None)
+        if cls is torch.Tensor or override is torch._C._disabled_torch_function_impl:
+            continue
+        if found is torch.Tensor or (issubclass(cls, found) and cls is not found):
+            found = cls
+    return found
 
 
 def _tensor_values(values: list[Value]) -> list[TensorValue]:
