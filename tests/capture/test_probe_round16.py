@@ -573,8 +573,7 @@ class _Logged(torch.Tensor):
 
 def p_ops_on_a_tensor_subclass(x):
     y = x * 2
-    p = torch.nn.Parameter(torch.ones(4))
-    return y, type(y).__name__, isinstance(y, type(x)), type(p * 2).__name__, (y + 1).sum()
+    return y, type(y).__name__, isinstance(y, type(x)), (y + 1).sum()
 
 
 def test_ops_on_a_tensor_subclass_keep_its_class():
