@@ -128,7 +128,7 @@ class InferenceModeValue(Value):
         em.cg.call(1)
 
 
-def enter_again(grad_outside: bool, mode: bool, grad_inside: bool) -> Callable[..., Any]:
+def enter_again(grad_outside: bool, mode: bool, grad_inside: bool | None) -> Callable[..., Any]:
     """Break code inside a traced inference-mode block (the graph left inference mode at its
     end): enter one for real, so that its `__exit__` (returned, where the block's was)
     restores the grad mode outside the block; then the grad mode the trace had inside it
@@ -136,7 +136,8 @@ def enter_again(grad_outside: bool, mode: bool, grad_inside: bool) -> Callable[.
     torch_compat.set_grad_enabled(grad_outside)
     manager = torch.inference_mode(mode)
     manager.__enter__()
-    torch_compat.set_grad_enabled(grad_inside)
+    if grad_inside is not None:  # noted where the capture stopped (grad_mode_outside_blocks)
+        torch_compat.set_grad_enabled(grad_inside)
     return manager.__exit__
 
 
