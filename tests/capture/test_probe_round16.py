@@ -593,3 +593,39 @@ def test_checkpoint_body_is_traced():
     """A body traced as a subgraph read the capture's inference-mode blocks, which only the
     top graph had (AttributeError in this branch before its fix; Dynamo 1/0)."""
     check(p_checkpoint_body, tensors((3, 4)))
+
+
+class _Named:
+    def __init__(self, k):
+        self.k = k
+
+    def __hash__(self):
+        return hash(self.k)
+
+    def __eq__(self, other):
+        return isinstance(other, _Named) and other.k == self.k
+
+    def __repr__(self):
+        return f"_Named({self.k})"
+
+
+class _MyError(ValueError):
+    pass
+
+
+def p_text_of_exceptions_holding_objects(x):
+    d = {_Named(1): x}
+    texts = []
+    try:
+        d[_Named(9)]
+    except KeyError as e:
+        texts += [repr(e), str(e), f"{e}"]
+    e2 = _MyError(_Named(2), "s")
+    texts += [repr(e2), str(e2), str(_MyError(_Named(3))), repr(ValueError()), str(ValueError())]
+    return x, texts
+
+
+def test_str_and_repr_of_exceptions_holding_objects():
+    """`repr(e)` of a KeyError holding a key object broke (its args are not constants);
+    BaseException's C `__repr__`/`__str__` (and KeyError's `__str__`) are written out."""
+    assert check(p_text_of_exceptions_holding_objects, tensors((3,))).breaks == 0
