@@ -595,16 +595,7 @@ def test_checkpoint_body_is_traced():
     check(p_checkpoint_body, tensors((3, 4)))
 
 
-class _Named:
-    def __init__(self, k):
-        self.k = k
-
-    def __hash__(self):
-        return hash(self.k)
-
-    def __eq__(self, other):
-        return isinstance(other, _Named) and other.k == self.k
-
+class _Named(Key):
     def __repr__(self):
         return f"_Named({self.k})"
 
