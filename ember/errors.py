@@ -33,6 +33,9 @@ class BreakReason(enum.Enum):
 class Unsupported(Exception):
     """Capture cannot go on: the construct, where it is in the user's code, what to do."""
 
+    sets_grad_mode = False
+    """The instruction broken at sets the grad mode itself, when it runs at the break."""
+
     def __init__(
         self,
         reason: BreakReason,

@@ -53,6 +53,10 @@ class BreakSite:
     callers: list[CallerSite] = dataclasses.field(default_factory=list)
     """Where the break is taken in an inlined frame (capture/nested.py): the frames above
     it, the compiled function's own first, each to continue after its call."""
+    instruction_sets_grad_mode: bool = False
+    """The instruction run at the break sets the grad mode itself (the real `__exit__` of
+    an inference-mode block, which restores the mode from before the block): `grad_mode`
+    is set before it, and neither the break code nor the resume function set it after."""
 
     @property
     def frame(self) -> FrameVars:

@@ -77,6 +77,7 @@ class Emitter:
         self.output_index = harvest.output_index
         self._sizes = harvest.sizes
         self._built: dict[int, str] = {}
+        self._building: set[int] = set()
         self.site: BreakSite | None = None
         """The break this code is for: callbacks of iterators made again lazily go through
         ember as its callee does (`reconstruct_callback`)."""
@@ -128,7 +129,16 @@ class Emitter:
         if key in self._built:
             self.cg.load_fast(self._built[key])
             return
-        value.reconstruct(self)
+        if key in self._building:  # it holds itself (a function whose attribute refers back)
+            raise Unsupported(
+                BreakReason.UNSUPPORTED_OBJECT,
+                f"{value.describe()} made during capture refers to itself: it cannot be rebuilt",
+            )
+        self._building.add(key)
+        try:
+            value.reconstruct(self)
+        finally:
+            self._building.discard(key)
         if _is_fresh_mutable(value):
             name = f"___tmp{len(self._built)}"
             self._built[key] = name
@@ -544,6 +554,9 @@ def build_break_replacement(
         local_names = list(site.locals) + site.untouched_args + list(site.cells)
     # the resume function is called in the mode the frame was entered in (see make_resume)
     entry_mode = None if site.grad_mode is None else not site.grad_mode
+    after_mode = site.grad_mode  # what the resume function's prologue sets
+    if site.instruction_sets_grad_mode:
+        entry_mode = after_mode = None
     ret = _ReturnThroughCallers(cg, callers)
     handler = cg.label()
     guarded = cg.try_block(handler) if site.handler is not None else contextlib.nullcontext()
@@ -600,7 +613,7 @@ def build_break_replacement(
         _handle_match(cg, slots, base, frame)
     _stop_handling(cg, handled)
     _set_grad_mode(cg, entry_mode)
-    resume = site.make_resume(inst.index + 1, rest, local_names, site.grad_mode)
+    resume = site.make_resume(inst.index + 1, rest, local_names, after_mode)
     _call_resume(cg, resume, rest, local_names, site.cells, frame)
     ret.leave()
     _resume_at_handler(cg, site, handler, slots, local_names, entry_mode, handled, ret)

@@ -302,6 +302,7 @@ def _capture(
             part.caller(wrap, below.tracer.entry_grad_mode)
             for part, below in zip(callers, parts[1:])
         ],
+        brk.reason.sets_grad_mode,
     )
     try:
         with _break_where_generators_are_made(tracer, host), _in_caller_on_failure(frames):

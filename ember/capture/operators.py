@@ -20,6 +20,7 @@ from ember.capture.values.containers import (
     SequenceValue,
     TupleValue,
 )
+from ember.capture.values.identity import compare_ids
 from ember.capture.values.sets import DictViewValue, SetValue, set_operation
 from ember.capture.values.tensor import TensorValue, tensor_op
 from ember.errors import BreakReason, Unsupported
@@ -62,6 +63,9 @@ _DUNDERS = {
 
 def apply(tx: Translator, fn: Any, args: list[Value]) -> Value:
     """`fn(*args)` for an operator function on symbolic values."""
+    ids = compare_ids(tx, fn, args)
+    if ids is not None:
+        return ids
     if fn in (operator.is_, operator.is_not):
         return _identity(tx, fn, *args)
     if fn is operator.not_:
@@ -71,7 +75,7 @@ def apply(tx: Translator, fn: Any, args: list[Value]) -> Value:
     if fn is operator.contains:
         return _contains(tx, args[0], args[1])
     if fn is operator.getitem:
-        return args[0].getitem(tx, args[1])
+        return args[0].getitem(tx, index_key(tx, args[0], args[1]))
     if any(isinstance(a, TensorValue) for a in args):
         if fn in _INPLACE_TO_PLAIN and args[0].python_type() in (int, float, bool, complex):
             # `n += t` for a number n: numbers have no in-place form, so Python runs n + t
@@ -91,6 +95,33 @@ def apply(tx: Translator, fn: Any, args: list[Value]) -> Value:
     if result is not None:
         return result
     return _dunder(tx, fn, args)
+
+
+def index_key(tx: Translator, container: Value, key: Value) -> Value:
+    """The key a sequence, a tensor or a size is indexed with, where the key is an object
+    whose class writes `__index__` in Python: CPython and torch call it, so the trace
+    inlines it (the int it gives). A dict or an object's own `__getitem__` gets the object."""
+    indexed = isinstance(container, TensorValue | SequenceValue) or (
+        isinstance(container, ConstantValue)
+        and isinstance(container.value, tuple | list | str | range)
+    )
+    number = index_of(tx, key) if indexed else None
+    return key if number is None else number
+
+
+def index_of(tx: Translator, value: Value) -> Value | None:
+    """`operator.index(value)` for an object whose class writes `__index__` in Python (its
+    method inlined; the int it gives); None for any other value."""
+    from ember.capture.values.objects import UserObjectValue, python_override
+
+    if not isinstance(value, UserObjectValue) or python_override(value.cls, "__index__") is None:
+        return None
+    result = value.type_method(tx, "__index__").call(tx, [], {})
+    if not (result.is_constant() and type(result.as_constant()) is int):
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_OPERATOR, f"__index__ of {value.describe()} gave no int"
+        )
+    return result
 
 
 def same_value(tx: Translator, a: Value, b: Value) -> bool:
@@ -178,7 +209,7 @@ def _contains(tx: Translator, container: Value, item: Value) -> Value:
     if isinstance(container, SetValue | DictViewValue):
         return ConstantValue(container.contains(tx, item))
     if isinstance(container, DictValue):
-        return ConstantValue(container._key(item) in container.items)
+        return ConstantValue(container._key(item, tx) in container.items)
     if isinstance(container, TensorValue):
         raise Unsupported(BreakReason.DATA_DEPENDENT_BRANCH, "`in` on a tensor")
     if isinstance(container, IteratorValue):  # pulls up to the first match, as Python does
@@ -248,10 +279,27 @@ def _containers(tx: Translator, fn: Any, args: list[Value]) -> Value | None:
         if isinstance(result, set):
             return SetValue(result)
         return ConstantValue(result)
-    if fn in (operator.eq, operator.ne) and type(a) is not type(b):
-        if a.python_type() is not b.python_type() and not _numeric(a, b):
+    if fn in (operator.eq, operator.ne) and type(a) is not type(b) and not _user_objects(a, b):
+        if a.python_type() is not b.python_type() and not _numeric(a, b) and not _sets(a, b):
             return ConstantValue(fn is operator.ne)
     return None
+
+
+def _user_objects(*values: Value) -> bool:
+    """Some operand is an object of a Python class: its `__eq__`/`__ne__` decides (an
+    object may equal a number), in `_dunder`."""
+    from ember.capture.values.objects import UserObjectValue
+
+    return any(isinstance(v, UserObjectValue) for v in values)
+
+
+_SET_TYPES = (set, frozenset, type({}.keys()), type({}.items()))
+
+
+def _sets(a: Value, b: Value) -> bool:
+    """Both sides are sets or dict views, which compare equal across their types
+    (`d.keys() == {"a"}`): not decided by the types."""
+    return all(issubclass(v.python_type(), _SET_TYPES) for v in (a, b))
 
 
 def _numeric(a: Value, b: Value) -> bool:
@@ -271,14 +319,30 @@ def _dunder(tx: Translator, fn: Any, args: list[Value]) -> Value:
         if not (equal.is_constant() and equal.as_constant() is NotImplemented):
             return ConstantValue(not equal.truth(tx))
     if names and isinstance(args[0], UserObjectValue):
-        return args[0].getattr(tx, names[0]).call(tx, args[1:], {})
+        result = args[0].getattr(tx, names[0]).call(tx, args[1:], {})
+        if not (plain in (operator.eq, operator.ne) and _not_implemented(result)):
+            return result
     if names and names[1] and len(args) == 2 and isinstance(args[1], UserObjectValue):
-        return args[1].getattr(tx, names[1]).call(tx, [args[0]], {})
-    if plain in (operator.eq, operator.ne) and len(args) == 2:
-        same = args[0] is args[1]
+        result = args[1].getattr(tx, names[1]).call(tx, [args[0]], {})
+        if not (plain in (operator.eq, operator.ne) and _not_implemented(result)):
+            return result
+    if plain in (operator.eq, operator.ne) and len(args) == 2 and not _own_eq(args):
+        same = args[0] is args[1]  # object's `==`: identity
         return ConstantValue(same if plain is operator.eq else not same)
     kinds = ", ".join(a.describe() for a in args)
     raise Unsupported(BreakReason.UNSUPPORTED_OPERATOR, f"{fn.__name__} on {kinds}")
+
+
+def _own_eq(args: list[Value]) -> bool:
+    """An object ember cannot look into whose C class defines `==` (a dict view, a numpy
+    array): its answer is not identity, and only CPython knows it."""
+    from ember.capture.values.builder import OpaqueValue
+
+    return any(isinstance(v, OpaqueValue) and v.cls.__eq__ is not object.__eq__ for v in args)
+
+
+def _not_implemented(result: Value) -> bool:
+    return result.is_constant() and result.as_constant() is NotImplemented
 
 
 def _default_ne(cls: type) -> bool:

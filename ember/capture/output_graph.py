@@ -19,7 +19,7 @@ from ember.capture.shapes import PythonSize, SymbolicShapes, is_symbolic
 from ember.capture.sources import Source
 from ember.capture.subgraph import module_with
 from ember.capture.values.base import ConstantValue
-from ember.capture.values.inference_mode import close_open_blocks
+from ember.capture.values.inference_mode import Block, close_open_blocks
 from ember.capture.values.tensor import TensorValue
 from ember.meta import to_meta
 
@@ -109,9 +109,8 @@ class OutputGraph:
         self._last_placeholder: torch.fx.Node | None = None
         self.submodules: dict[str, torch.fx.GraphModule] = {}
         """The bodies of higher-order ops (capture/subgraph.py), by attribute name."""
-        self.inference_blocks: list[tuple[torch.fx.Node, bool]] = []
-        """The `torch.inference_mode()` blocks open in the trace: their enter node and the
-        grad mode outside them."""
+        self.inference_blocks: list[Block] = []
+        """The `torch.inference_mode()` blocks open in the trace, outermost first."""
 
     def graph_input(self, source: Source, real: torch.Tensor) -> TensorValue:
         """The symbolic tensor for a tensor reached through `source` (a placeholder)."""

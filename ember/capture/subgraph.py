@@ -66,6 +66,11 @@ class SubgraphOutput:
         self._versions: dict[fx.Node, int] = {}
         self._last_placeholder: fx.Node | None = None
 
+    @property
+    def inference_blocks(self) -> list:
+        """The capture's open inference-mode blocks: a body traced inside one runs in it."""
+        return self.parent.inference_blocks
+
     def graph_input(self, source: Source, real: torch.Tensor) -> TensorValue:
         return self.parent.graph_input(source, real)  # an input of the whole capture
 

@@ -251,20 +251,12 @@ class Translator:
 
     def set_grad_enabled(self, mode: bool) -> None:
         """Change grad mode here (so fake results carry the right requires_grad) and in the
-        graph (so the compiled code does the same). Not on inside a traced
-        `torch.inference_mode()` block: its ops record no autograd whatever the grad mode,
-        and the trace's examples would say they require grad."""
-        self.refuse_grad_inside_inference_blocks(mode)
+        graph (so the compiled code does the same). Inside a traced `torch.inference_mode()`
+        block ops record no autograd whatever the grad mode: their examples are made under
+        no_grad there (tensor.py's `tensor_op`)."""
         if mode != torch.is_grad_enabled():
             torch_compat.set_grad_enabled(mode)
             self.ctx.out.create_node("call_function", torch_compat.set_grad_enabled, (mode,), {})
-
-    def refuse_grad_inside_inference_blocks(self, mode: bool) -> None:
-        if mode and self.ctx.out.inference_blocks:
-            raise Unsupported(
-                BreakReason.UNSUPPORTED_CALL,
-                "grad mode switched on inside a torch.inference_mode() block",
-            )
 
     # locations for error messages
     def location(self) -> tuple[str, str]:

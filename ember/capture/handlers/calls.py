@@ -7,7 +7,11 @@ import operator
 from ember.bytecode import Op
 from ember.capture.handlers import handler
 from ember.capture.operators import apply
-from ember.capture.values import made_classes, torch_queries  # noqa: F401 (registers handlers)
+from ember.capture.values import (  # noqa: F401 (registers handlers)
+    index_protocol,
+    made_classes,
+    torch_queries,
+)
 from ember.capture.values.base import NullValue, Value
 from ember.capture.values.builtins import BUILTINS
 from ember.capture.values.containers import DictValue, TupleValue

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ember.bytecode import Op
 from ember.capture.handlers import handler
+from ember.capture.operators import index_key
 from ember.capture.values.base import ConstantValue, Value
 from ember.capture.values.containers import DictValue, ListValue, SliceValue, TupleValue
 from ember.capture.values.objects import ModuleValue, UserObjectValue
@@ -23,7 +24,10 @@ def build_list(tx, inst):
 
 @handler(Op.BUILD_SET)
 def build_set(tx, inst):
-    tx.push(SetValue(values=tx.popn(inst.arg)))
+    result = SetValue()
+    for value in tx.popn(inst.arg):
+        result.add(value, tx)
+    tx.push(result)
 
 
 @handler(Op.BUILD_MAP)
@@ -31,7 +35,7 @@ def build_map(tx, inst):
     flat = tx.popn(2 * inst.arg)
     result = DictValue({})
     for key, value in zip(flat[::2], flat[1::2]):
-        result.items[result._key(key)] = value
+        result.items[result._key(key, tx)] = value
     tx.push(result)
 
 
@@ -77,7 +81,7 @@ def list_to_tuple(tx, inst):
 @handler(Op.SET_ADD)
 def set_add(tx, inst):
     value = tx.pop()
-    tx.peek(inst.arg).add(value)
+    tx.peek(inst.arg).add(value, tx)
 
 
 @handler(Op.SET_UPDATE)
@@ -91,7 +95,7 @@ def map_add(tx, inst):
     value = tx.pop()
     key = tx.pop()
     target = tx.peek(inst.arg)
-    target.items[target._key(key)] = value
+    target.items[target._key(key, tx)] = value
     tx.ctx.effects.mutated(target)
 
 
@@ -134,7 +138,7 @@ def unpack_ex(tx, inst):
 def binary_subscr(tx, inst):
     key = tx.pop()
     container = tx.pop()
-    tx.push(container.getitem(tx, key))
+    tx.push(container.getitem(tx, index_key(tx, container, key)))
 
 
 @handler(Op.STORE_SUBSCR)
@@ -142,13 +146,14 @@ def store_subscr(tx, inst):
     key = tx.pop()
     container = tx.pop()
     value = tx.pop()
-    container.setitem(tx, key, value)
+    container.setitem(tx, index_key(tx, container, key), value)
 
 
 @handler(Op.DELETE_SUBSCR)
 def delete_subscr(tx, inst):
     key = tx.pop()
-    tx.pop().delitem(tx, key)
+    container = tx.pop()
+    container.delitem(tx, index_key(tx, container, key))
 
 
 @handler(Op.BINARY_SLICE)

@@ -169,8 +169,11 @@ class InferenceModeExit(ExitValue):
     def reconstruct(self, em) -> None:
         with em.cg.callee():
             em.cg.load_const(enter_again)
-        em.cg.load_const(self.manager.entered[-1][1])
-        em.cg.call(1)
+        block = self.manager.entered[-1]
+        em.cg.load_const(block.grad_outside)
+        em.cg.load_const(block.mode)
+        em.cg.load_const(block.grad_inside)
+        em.cg.call(3)
 
 
 def _enter_again(manager: torch.amp.autocast_mode.autocast) -> Any:

@@ -81,13 +81,18 @@ class FoldingRaised(Unsupported):
         self.error = error
 
 
-def missing_key(key: Value) -> Unsupported:
+def missing_key(key: Value, tx: Translator | None = None) -> Exception:
     """The KeyError of a lookup of `key` that is not there: Python's own when the key is a
     constant (the interpreter hands it to a handler of the trace, or to CPython at a graph
-    break), else a refusal that names it."""
+    break); for another key (an object hashed by its own `__hash__`), a KeyError of the
+    trace holding that key where traced code handles it; else a refusal that names it."""
     if key.is_constant():
         error = KeyError(key.as_constant())
         return FoldingRaised(error, f"KeyError: {error}")
+    if tx is not None and tx.handled_in_trace():
+        from ember.capture.values.exceptions import TracedRaise, construct_exception
+
+        return TracedRaise(construct_exception(tx, KeyError, [key], {}))
     return Unsupported(BreakReason.EXCEPTION_RAISED, f"KeyError: {key.describe()}")
 
 

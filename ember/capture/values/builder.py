@@ -625,7 +625,6 @@ class GradModeClassValue(Value):
         if self.cls is torch.no_grad:
             return GradModeValue(False)
         if self.cls is torch.enable_grad:
-            tx.refuse_grad_inside_inference_blocks(True)  # here, where a break can resume
             return GradModeValue(True)
         mode = args[0].as_constant()
         previous = tx.grad_enabled()

@@ -29,6 +29,7 @@ from ember.capture.shapes import is_symbolic
 from ember.capture.values import compiler
 from ember.capture.values.base import (
     ConstantValue,
+    FoldingRaised,
     Value,
     all_constant,
     from_class_statement,
@@ -247,13 +248,29 @@ def _hash(tx, args, kwargs):
 
 @handles(isinstance)
 def _isinstance(tx, args, kwargs):
-    cls = args[1].as_constant()
-    return ConstantValue(issubclass(args[0].python_type(), cls))
+    cls = _class_operand(tx, args[1])
+    try:
+        return ConstantValue(issubclass(args[0].python_type(), cls))
+    except TypeError as exc:  # a subscripted generic: eager's isinstance raises the same
+        raise FoldingRaised(exc, f"TypeError: {exc}") from None
 
 
 @handles(issubclass)
 def _issubclass(tx, args, kwargs):
-    return ConstantValue(issubclass(args[0].as_constant(), args[1].as_constant()))
+    return ConstantValue(issubclass(args[0].as_constant(), _class_operand(tx, args[1])))
+
+
+def _class_operand(tx: Translator, value: Value) -> Any:
+    """The class (or tuple of them) `isinstance`/`issubclass` test against. A typing alias
+    from outside (`typing.Sequence`, `typing.Dict`) is one too: its `__subclasscheck__`
+    asks its origin class (pinned by an identity guard, as a global may be rebound)."""
+    from ember.capture.guards import GuardKind
+
+    real = tx.ctx.builder.real_object(value) if value.source is not None else None
+    if real is not None and type(real).__module__ == "typing" and hasattr(real, "__origin__"):
+        tx.ctx.guards.add(GuardKind.ID_MATCH, value.source, real)
+        return real
+    return value.as_constant()
 
 
 @handles(callable)
@@ -278,15 +295,14 @@ def _type(tx, args, kwargs):
 def _id(tx, args, kwargs):
     """The address of an object from outside, which the guard then pins (the entry is
     dropped if it dies). Objects the trace makes, and tensors (a new one every call), have
-    no address known while tracing."""
+    no address known while tracing: an IdValue (values/identity.py)."""
     from ember.capture.guards import GuardKind
+    from ember.capture.values.identity import IdValue
 
     value = args[0]
     real = tx.ctx.builder.real_object(value)
     if real is None or value.source is None or isinstance(value, TensorValue):
-        raise Unsupported(
-            BreakReason.UNSUPPORTED_CALL, f"id() of {value.describe()}, known only at run time"
-        )
+        return IdValue(value)
     tx.ctx.guards.add(GuardKind.ID_MATCH, value.source, real)
     return ConstantValue(id(real))
 
@@ -438,6 +454,10 @@ def _min_max_for(fn: Any) -> Handler:
         items = _reduce_items(tx, args)
         if "key" in kwargs and set(kwargs) <= {"key", "default"}:
             return _extreme_by_key(tx, fn, items, kwargs)
+        if set(kwargs) == {"default"} and len(args) == 1:
+            if not items:
+                return kwargs["default"]
+            kwargs = {}
         if all_constant(items) and not kwargs:
             values = [v.symbolic() for v in items]
             if any(map(is_symbolic, values)) and all(type(v) in _INTS for v in values):

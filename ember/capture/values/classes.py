@@ -20,6 +20,7 @@ import torch
 from ember.capture.sources import AttrSource, ConstSource, Source
 from ember.capture.values.base import (
     ConstantValue,
+    FoldingRaised,
     MissingAttribute,
     Value,
     all_constant,
@@ -172,6 +173,11 @@ class ClassValue(Value):
             )
         if cls in _DEPRECATED_AUTOCASTS:
             return _construct_deprecated_autocast(tx, cls, args, kwargs)
+        if getattr(cls, "__abstractmethods__", None):  # an abc class with abstract methods
+            try:
+                object.__new__(cls)  # raises CPython's own TypeError, and runs no user code
+            except TypeError as exc:
+                raise FoldingRaised(exc, f"TypeError: {exc}") from None
         if cls.__new__ is not object.__new__ or not isinstance(cls.__init__, types.FunctionType):
             if cls.__init__ is not object.__init__:
                 raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"constructing {cls.__qualname__}")

@@ -34,11 +34,11 @@ class DefaultDictValue(DictValue):
         self.factory = factory
 
     def getitem(self, tx: Translator, key: Value) -> Value:
-        k = self._key(key)
+        k = self._key(key, tx)
         if k in self.items:
             return self.items[k]
         if self.factory.is_constant() and self.factory.as_constant() is None:
-            raise missing_key(key)
+            raise missing_key(key, tx)
         value = self.factory.call(tx, [], {})
         self.setitem(tx, key, value)
         return value
@@ -183,7 +183,7 @@ def _fromkeys(dict_type: type):
         value = args[1] if len(args) > 1 else ConstantValue(None)
         result = DictValue({}, dict_type=dict_type)
         for key in iterator_over(tx, args[0]).iterate(tx):
-            result.items[result._key(key)] = value
+            result.items[result._key(key, tx)] = value
         return result
 
     return handler

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ember.capture.values import hashed_keys
 from ember.capture.values.base import (
     ConstantValue,
     FoldingRaised,
@@ -22,6 +23,8 @@ from ember.capture.values.base import (
     from_class_statement,
     missing_key,
 )
+from ember.capture.values.hashed_keys import HashedKey, TupleKey
+from ember.capture.values.identity import IdKey, IdValue
 from ember.errors import BreakReason, Unsupported
 
 if TYPE_CHECKING:
@@ -326,11 +329,15 @@ def hashes_by_identity(cls: type) -> bool:
     )
 
 
-def dict_key(value: Value) -> Any:
-    """The key under which `value` is stored in a DictValue: its constant, or an
-    IdentityKey for objects whose hash and equality are their identity."""
+def dict_key(value: Value, tx: Translator | None = None, keys: Any = ()) -> Any:
+    """The key under which `value` is stored in a DictValue or SetValue holding `keys`: its
+    constant, an IdentityKey for objects whose hash and equality are their identity, or
+    (given the translator) the stored key or new HashedKey of an object whose class hashes
+    in Python (values/hashed_keys.py). `keys` need only be given where it may hold
+    HashedKeys: constants are then matched against them too."""
     if value.is_constant():
-        return value.as_constant()
+        constant = value.as_constant()
+        return hashed_keys.constant_key(tx, constant, keys) if tx is not None else constant
     try:
         kind = value.python_type()
     except Unsupported:
@@ -339,12 +346,37 @@ def dict_key(value: Value) -> Any:
         return IdentityKey(value)  # Module and Tensor hash by id (Tensor.__eq__ is elementwise)
     if kind is not None and hashes_by_identity(kind):
         return IdentityKey(value)
+    if isinstance(value, IdValue):
+        return IdKey(value)
+    if isinstance(value, TupleValue):
+        parts = tuple(dict_key(item, tx) for item in value.items)
+        if any(isinstance(p, HashedKey) for p in parts):  # merged only at the top level
+            raise Unsupported(
+                BreakReason.UNSUPPORTED_OPERATOR,
+                f"dict key {value.describe()} holding objects whose class hashes in Python",
+            )
+        return TupleKey(value, parts)
+    if tx is not None and kind is not None and _user_object(value):
+        if hashed_keys.hashes_in_python(kind):
+            return hashed_keys.hashed_key(tx, value, keys)
     raise Unsupported(BreakReason.UNSUPPORTED_OPERATOR, f"dict key {value.describe()}")
+
+
+def _symbolic_key(key: Any) -> bool:
+    """A stored key that stands for a symbolic value (not a constant)."""
+    return isinstance(key, IdentityKey | HashedKey | IdKey | TupleKey)
+
+
+def _user_object(value: Value) -> bool:
+    from ember.capture.values.exceptions import ExceptionValue
+    from ember.capture.values.objects import UserObjectValue
+
+    return isinstance(value, UserObjectValue) and not isinstance(value, ExceptionValue)
 
 
 def key_value(key: Any) -> Value:
     """The symbolic value of a stored key."""
-    return key.value if isinstance(key, IdentityKey) else ConstantValue(key)
+    return key.value if _symbolic_key(key) else ConstantValue(key)
 
 
 class DictValue(Value):
@@ -355,6 +387,8 @@ class DictValue(Value):
         self.source = source
         self.dict_type = dict_type
         self.read_only = False
+        self.holds_hashed = any(isinstance(k, HashedKey) for k in items)
+        """Some key is a HashedKey: constants are then looked up among the stored keys too."""
         """A types.MappingProxyType: items are read, never written."""
         self.attrs: dict[str, Value] = {}
         """Attributes set in the trace on an OrderedDict (or other dict type with an instance
@@ -368,7 +402,7 @@ class DictValue(Value):
 
     def is_constant(self) -> bool:
         return all_constant(list(self.items.values())) and not any(
-            isinstance(k, IdentityKey) for k in self.items
+            _symbolic_key(k) for k in self.items
         )
 
     def as_constant(self) -> Any:
@@ -385,27 +419,36 @@ class DictValue(Value):
     def iterate(self, tx: Translator) -> list[Value]:
         return [key_value(k) for k in self.items]
 
-    def _key(self, key: Value) -> Any:
-        return dict_key(key)
+    def _key(self, key: Value, tx: Translator | None = None) -> Any:
+        """The stored key `key` finds. Given the translator, an object whose class hashes in
+        Python is looked up as CPython does (its `__hash__` and `__eq__` inlined); the
+        stored keys are searched for a constant only once the dict holds such objects."""
+        keys = self.items if self.holds_hashed or not key.is_constant() else ()
+        k = dict_key(key, tx, keys)
+        if isinstance(k, HashedKey):
+            self.holds_hashed = True
+        return k
 
     def getitem(self, tx: Translator, key: Value) -> Value:
-        k = self._key(key)
+        k = self._key(key, tx)
         if k not in self.items:
-            raise missing_key(key)
+            raise missing_key(key, tx)
         return self.items[k]
 
-    def contains(self, key: Value) -> bool:
-        return self._key(key) in self.items
+    def contains(self, key: Value, tx: Translator | None = None) -> bool:
+        return self._key(key, tx) in self.items
 
     def setitem(self, tx: Translator, key: Value, value: Value) -> None:
         self._writable()
+        k = self._key(key, tx)
         tx.ctx.effects.mutated(self)
-        self.items[self._key(key)] = value
+        self.items[k] = value
 
     def delitem(self, tx: Translator, key: Value) -> None:
         self._writable()
+        k = self._key(key, tx)
         tx.ctx.effects.mutated(self)
-        del self.items[self._key(key)]
+        del self.items[k]
 
     def _writable(self) -> None:
         if self.read_only:
@@ -443,9 +486,9 @@ class DictValue(Value):
             )
         if name == "get":
             default = args[1] if len(args) > 1 else ConstantValue(None)
-            return items.get(self._key(args[0]), default)
+            return items.get(self._key(args[0], tx), default)
         if name == "__contains__":
-            return ConstantValue(self._key(args[0]) in items)
+            return ConstantValue(self._key(args[0], tx) in items)
         if name == "copy":
             return DictValue(items, dict_type=self.dict_type)
         if name in _DICT_DUNDERS:  # `d.__setitem__` bound and called (a hook's recorder)
@@ -455,26 +498,26 @@ class DictValue(Value):
         if name == "update":
             if args:
                 for k, v in _pairs(tx, args[0]):
-                    items[k if not isinstance(k, Value) else self._key(k)] = v
+                    items[k if not isinstance(k, Value) else self._key(k, tx)] = v
             items.update(kwargs)
             return ConstantValue(None)
         if name == "setdefault":
             default = args[1] if len(args) > 1 else ConstantValue(None)
-            return items.setdefault(self._key(args[0]), default)
+            return items.setdefault(self._key(args[0], tx), default)
         if name == "pop":
-            k = self._key(args[0])
+            k = self._key(args[0], tx)
             if k in items:
                 return items.pop(k)
             if len(args) > 1:
                 return args[1]
-            raise missing_key(args[0])
+            raise missing_key(args[0], tx)
         if name == "clear":
             items.clear()
             return ConstantValue(None)
         if name == "popitem":
             return self._popitem(_flag(args, kwargs, 0, "last", True))
         if name == "move_to_end" and issubclass(self.dict_type, collections.OrderedDict):
-            self._move_to_end(self._key(args[0]), _flag(args, kwargs, 1, "last", True))
+            self._move_to_end(self._key(args[0], tx), _flag(args, kwargs, 1, "last", True))
             return ConstantValue(None)
         raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"dict.{name}()")
 

@@ -179,6 +179,29 @@ class ExceptionValue(UserObjectValue):
             False,
         )
 
+    def text(self, tx: Translator, kind: Any, spec: str = "") -> Value | None:
+        """`str(e)`/`repr(e)` where an exception the trace made holds objects (`KeyError(key)`
+        of a key object): BaseException's C methods written out (`Name(repr, ...)`; `str` of one
+        argument, KeyError's its repr), each argument's text as the trace makes it. A class
+        that writes the method in Python has it inlined; other C methods: None."""
+        inlined = super().text(tx, kind, spec)
+        if inlined is not None or not self.is_new or kind is format and spec:
+            return inlined  # one from outside: its own text, through `as_constant`
+        name = "__repr__" if kind is repr else "__str__"
+        owner = next(k for k in self.cls.__mro__ if name in k.__dict__)
+        if owner not in (BaseException, KeyError):
+            return None
+        texts = [_repr_text(tx, a) for a in self.args]
+        if any(t is None for t in texts):
+            return None
+        if kind is repr:
+            return ConstantValue(f"{self.cls.__name__}({', '.join(texts)})")
+        if len(self.args) == 1 and owner is KeyError:
+            return ConstantValue(texts[0])
+        if len(self.args) == 1:
+            return _text(tx, self.args[0], str)
+        return ConstantValue("" if not self.args else f"({', '.join(texts)})")
+
     def contained(self) -> list[Value]:
         return [*self.args, *self.fields.values(), self.cause, self.context]
 
@@ -201,6 +224,19 @@ class ExceptionValue(UserObjectValue):
         em.reconstruct(self.context)
         cg.load_const(self.suppress_context)
         cg.call(7)
+
+
+def _repr_text(tx: Translator, value: Value) -> str | None:
+    """`repr(value)` as the trace makes it, or None where it is not a known string."""
+    result = _text(tx, value, repr)
+    return result.as_constant() if result is not None and result.is_constant() else None
+
+
+def _text(tx: Translator, value: Value, kind: Any) -> Value | None:
+    if value.is_constant():
+        return ConstantValue(kind(value.as_constant()))
+    text = getattr(value, "text", None)
+    return text(tx, kind) if text is not None else None
 
 
 class SavedException(Value):

@@ -37,6 +37,10 @@ def _name(fn: Any) -> str:
     return f"{module}.{qual}" if module and module != "builtins" else qual
 
 
+_SETS_GRAD_MODE = (torch.inference_mode.__enter__, torch.inference_mode.__exit__)
+"""Functions that run at a break and set the grad mode themselves (break_site.py)."""
+
+
 class UserFunctionValue(Value):
     """A Python function defined outside the frame (the builder guards its identity)."""
 
@@ -74,7 +78,9 @@ class UserFunctionValue(Value):
             return leave_entered_block(tx, args[0])
         why = runs_in_python(fn)
         if why is not None:
-            raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"{self.describe()} {why}")
+            exc = Unsupported(BreakReason.UNSUPPORTED_CALL, f"{self.describe()} {why}")
+            exc.sets_grad_mode = fn in _SETS_GRAD_MODE
+            raise exc
         if is_constant_result(fn):
             return _constant_result(tx, fn, args, kwargs)
         source = self.source or ConstSource(fn, _name(fn))

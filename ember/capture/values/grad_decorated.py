@@ -1,8 +1,9 @@
 """A function decorated in the trace with a grad-mode context (`torch.no_grad()(fn)`, or
-`@torch.enable_grad()` on a local function). A call runs the function inside the mode as a
-`with` block in user code would, through the same machinery (so a break or an exception
-inside restores the mode as there); if the decorated function escapes the trace, CPython
-decorates the function again, which makes what eager made."""
+`@torch.enable_grad()` / `@torch.inference_mode(mode)` on a local function). A call runs
+the function inside the mode as a `with` block in user code would, through the same
+machinery (so a break or an exception inside restores the mode as there); if the decorated
+function escapes the trace, CPython decorates the function again, which makes what eager
+made."""
 
 from __future__ import annotations
 
@@ -25,8 +26,10 @@ def _run_in(context: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)
 
 
-def decorate(enabled: bool, fn: Any) -> Any:
+def decorate(enabled: bool, fn: Any, inference: bool = False) -> Any:
     """Run-time half of rebuilding the decorated function: torch's own decorator."""
+    if inference:
+        return torch.inference_mode(enabled)(fn)
     return (torch.enable_grad() if enabled else torch.no_grad())(fn)
 
 
@@ -46,9 +49,11 @@ def decorates(fn: Value) -> bool:
 
 
 class GradModeDecoratedValue(Value):
-    def __init__(self, enabled: bool, fn: Value) -> None:
+    def __init__(self, enabled: bool, fn: Value, inference: bool = False) -> None:
         self.enabled = enabled
         self.fn = fn
+        self.inference = inference
+        """Decorated with `torch.inference_mode(enabled)` (else with a grad mode)."""
 
     def describe(self) -> str:
         return f"{self.fn.describe()} decorated with a grad mode"
@@ -57,9 +62,12 @@ class GradModeDecoratedValue(Value):
         return type(_run_in)
 
     def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        from ember.capture.values.inference_mode import InferenceModeValue
         from ember.capture.values.objects import GradModeValue
 
-        context = GradModeValue(self.enabled)
+        context = (
+            InferenceModeValue(self.enabled) if self.inference else GradModeValue(self.enabled)
+        )
         return UserFunctionValue(_run_in).call(tx, [context, self.fn, *args], kwargs)
 
     def getattr(self, tx: Translator, name: str) -> Value:
@@ -76,4 +84,5 @@ class GradModeDecoratedValue(Value):
         em.cg.load_const(decorate, push_null=True)
         em.cg.load_const(self.enabled)
         em.reconstruct(self.fn)
-        em.cg.call(2)
+        em.cg.load_const(self.inference)
+        em.cg.call(3)

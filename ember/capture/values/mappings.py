@@ -141,7 +141,7 @@ class DictObjectValue(UserObjectValue):
         if name == "__len__":
             return ConstantValue(self._items().length(tx))
         if name == "__contains__":
-            return ConstantValue(self._items().contains(args[0]))
+            return ConstantValue(self._items().contains(args[0], tx))
         if name == "__iter__":
             return IteratorValue(self._items().iterate(tx))
         if name in _READS and name != "copy":
@@ -175,12 +175,12 @@ class DictObjectValue(UserObjectValue):
     def _get(self, tx: Translator, key: Value) -> Value:
         """`dict.__getitem__`: the item, else the class's `__missing__` (Python only)."""
         items = self._items()
-        if items.contains(key):
-            return items.items[items._key(key)]
+        if items.contains(key, tx):
+            return items.items[items._key(key, tx)]
         missing = python_override(self.cls, "__missing__")
         if missing is not None:
             return UserFunctionValue(missing).call(tx, [self, key], {})
-        raise missing_key(key)
+        raise missing_key(key, tx)
 
     def reconstruct(self, em: Emitter) -> None:
         if not self.is_new:

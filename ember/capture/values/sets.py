@@ -16,7 +16,14 @@ import operator
 from typing import TYPE_CHECKING, Any
 
 from ember.capture.values.base import ConstantValue, MissingAttribute, Value
-from ember.capture.values.containers import DictValue, TupleValue, dict_key, key_value
+from ember.capture.values.containers import (
+    DictValue,
+    IdentityKey,
+    TupleValue,
+    dict_key,
+    key_value,
+)
+from ember.capture.values.hashed_keys import HashedKey, constant_key, find_key
 from ember.errors import BreakReason, Unsupported
 
 if TYPE_CHECKING:
@@ -80,13 +87,19 @@ class SetValue(Value):
             self.members.add(key)
             self.entries[key] = value
 
-    def add(self, value: Value) -> None:
-        self._insert(dict_key(value), value)
+    def add(self, value: Value, tx: Translator | None = None) -> None:
+        self._insert(self.key(value, tx), value)
+
+    def key(self, value: Value, tx: Translator | None) -> Any:
+        """The member `value` is (dict_key; with the translator, objects hashed in Python
+        are matched against the members with their own `__eq__`, in the order they went in:
+        the order CPython's probing meets members of one hash)."""
+        return dict_key(value, tx, self.entries if tx is not None else ())
 
     def update(self, tx: Translator, iterable: Value) -> None:
         """`set.update(iterable)` as CPython runs it (a set or frozenset argument is merged
         table to table, which decides the iteration order of the result)."""
-        operand = real_operand(tx, iterable)
+        operand = real_operand(tx, iterable, dict.fromkeys(self.entries))
         self.members.update(operand.real)
         self._sync(dict(self.entries), [operand])
 
@@ -117,7 +130,7 @@ class SetValue(Value):
         return list(self.entries.values())
 
     def contains(self, tx: Translator, value: Value) -> bool:
-        return dict_key(value) in self.members
+        return self.key(value, tx) in self.members
 
     def getattr(self, tx: Translator, name: str) -> Value:
         from ember.capture.values.functions import MethodValue
@@ -138,8 +151,9 @@ class SetValue(Value):
         if name == "__contains__":
             return ConstantValue(self.contains(tx, args[0]))
         if name in ("add", "discard", "remove"):  # one member, which may be unhashable
-            args = [_Member(args[0])]
-        operands = [real_operand(tx, a) for a in args]
+            args = [_Member(args[0], self.key(args[0], tx))]
+        seen = dict.fromkeys(self.entries)
+        operands = [real_operand(tx, a, seen) for a in args]
         if name in _MUTATORS:
             self._check_writable(f"{name}()")
             tx.ctx.effects.touch(self)
@@ -158,12 +172,13 @@ class SetValue(Value):
 
     def _sync(self, before: dict[Any, Value], operands: list[Any]) -> None:
         lookup = _lookup([before, *(o.entries for o in operands)])
-        self.entries = {k: lookup[k] for k in self.members}
+        kept = [k for k in before if k in self.members]  # `entries` keeps insertion order
+        self.entries = {k: lookup[k] for k in kept + [k for k in self.members if k not in before]}
 
     def in_place(self, tx: Translator, fn: Any, other: Value) -> Value:
         """`s |= t` and kin: a set changes in place and stays the same object; a frozenset
         makes a new one, as Python does."""
-        operand = real_operand(tx, other)
+        operand = real_operand(tx, other, dict.fromkeys(self.entries))
         if self.frozen:
             result = fn(self._real(), operand.real)
             return _wrap_result(result, [self, operand])
@@ -196,8 +211,9 @@ class SetValue(Value):
 class _Member:
     """One value given to `add`/`discard`/`remove`."""
 
-    def __init__(self, value: Value) -> None:
+    def __init__(self, value: Value, key: Any) -> None:
         self.value = value
+        self.key = key
 
 
 class _Operand:
@@ -208,12 +224,16 @@ class _Operand:
         self.entries = entries
 
 
-def real_operand(tx: Translator, value: Any) -> _Operand:
+def real_operand(tx: Translator, value: Any, seen: dict | None = None) -> _Operand:
     """`value` as the real object a set method would receive: a set of member keys for sets
     and key views, a key view of a real dict for `d.keys()`, a list of keys otherwise."""
     if isinstance(value, _Member):
-        key = dict_key(value.value)
-        return _Operand(key, {key: value.value})
+        return _Operand(value.key, {value.key: value.value})
+    operand = _real_operand(tx, value)
+    return _merge_hashed(tx, operand, seen) if seen is not None else operand
+
+
+def _real_operand(tx: Translator, value: Any) -> _Operand:
     if isinstance(value, SetValue):
         return _Operand(value._real(), value.entries)
     if isinstance(value, ConstantValue) and isinstance(value.value, (set, frozenset)):
@@ -222,8 +242,46 @@ def real_operand(tx: Translator, value: Any) -> _Operand:
         keys = list(value.mapping.items)
         return _Operand(dict.fromkeys(keys).keys(), {k: key_value(k) for k in keys})
     items = value.iterate(tx)
-    keys = [dict_key(v) for v in items]
+    keys = [dict_key(v, tx) for v in items]
+    if isinstance(value, DictViewValue):  # `d.items()`: set-like, as a keys view of its pairs
+        try:
+            return _Operand(dict.fromkeys(keys).keys(), dict(zip(keys, items)))
+        except TypeError as exc:  # an unhashable value: CPython decides when it raises
+            raise Unsupported(BreakReason.UNSUPPORTED_OPERATOR, f"set algebra: {exc}") from None
     return _Operand(keys, dict(zip(keys, items)))
+
+
+def _merge_hashed(tx: Translator, operand: _Operand, seen: dict) -> _Operand:
+    """`operand` with each key hashed in Python replaced by an equal key met before (in
+    `seen`: the earlier operands' keys, then this one's): equal objects are merged only
+    within one table, and set algebra runs on the real sets of keys. `seen` is updated."""
+    keys = list(operand.entries)
+    if not any(isinstance(k, HashedKey) for k in [*keys, *seen]):
+        seen.update(dict.fromkeys(keys))
+        return operand
+    mapping = {}
+    for key in keys:
+        mapping[key] = _equal_seen(tx, key, seen)
+        seen.setdefault(mapping[key])
+    entries: dict[Any, Value] = {}
+    for key, value in operand.entries.items():
+        entries.setdefault(mapping[key], value)  # the first of equal members stays
+    real = operand.real
+    if isinstance(real, (set, frozenset, list)):
+        real = type(real)(mapping[k] for k in real)
+    else:  # a dict's keys view
+        real = dict.fromkeys(mapping[k] for k in real).keys()
+    return _Operand(real, entries)
+
+
+def _equal_seen(tx: Translator, key: Any, seen: dict) -> Any:
+    if isinstance(key, HashedKey):
+        found = find_key(tx, key.value, key.hash, seen)
+    elif isinstance(key, IdentityKey):
+        found = None
+    else:
+        found = constant_key(tx, key, seen)
+    return key if found is None else found
 
 
 def _lookup(tables: list[dict[Any, Value]]) -> dict[Any, Value]:
@@ -248,7 +306,7 @@ def is_set_like(value: Value) -> bool:
     return (
         isinstance(value, SetValue)
         or isinstance(value, DictViewValue)
-        and value.kind == "keys"
+        and value.kind in ("keys", "items")
         or isinstance(value, ConstantValue)
         and isinstance(value.value, (set, frozenset))
     )
@@ -256,13 +314,27 @@ def is_set_like(value: Value) -> bool:
 
 def set_operation(tx: Translator, fn: Any, a: Value, b: Value) -> Value | None:
     """`|`, `&`, `-`, `^`, comparisons and their in-place forms where both sides are sets,
-    frozensets or key views: Python's own operator on the real forms. None otherwise."""
-    if fn not in _SET_OPERATORS or not (is_set_like(a) and is_set_like(b)):
+    frozensets or key views: Python's own operator on the real forms. None otherwise. A
+    dict view takes any iterable on the other side (`d.keys() | other_dict`)."""
+    if fn not in _SET_OPERATORS:
+        return None
+    if not (is_set_like(a) and is_set_like(b)) and not _view_with_iterable(fn, a, b):
         return None
     if fn in _IN_PLACE and isinstance(a, SetValue):
         return a.in_place(tx, fn, b)
-    left, right = real_operand(tx, a), real_operand(tx, b)
+    seen: dict = {}
+    left, right = real_operand(tx, a, seen), real_operand(tx, b, seen)
     return _wrap_result(fn(left.real, right.real), [left, right])
+
+
+_ALGEBRA = frozenset([operator.or_, operator.and_, operator.sub, operator.xor])
+
+
+def _view_with_iterable(fn: Any, a: Value, b: Value) -> bool:
+    """`view | iterable` and the reflected forms: dict_keys/dict_items accept any iterable."""
+    return fn in _ALGEBRA and any(
+        isinstance(v, DictViewValue) and v.kind in ("keys", "items") for v in (a, b)
+    )
 
 
 class DictViewValue(Value):
@@ -299,10 +371,10 @@ class DictViewValue(Value):
         from ember.capture.operators import same_value
 
         if self.kind == "keys":
-            return self.mapping.contains(item)
+            return self.mapping.contains(item, tx)
         if self.kind == "items":
             pair = item.iterate(tx) if isinstance(item, TupleValue) else None
-            if pair is None or len(pair) != 2 or not self.mapping.contains(pair[0]):
+            if pair is None or len(pair) != 2 or not self.mapping.contains(pair[0], tx):
                 return False
             return same_value(tx, self.mapping.getitem(tx, pair[0]), pair[1])
         return any(same_value(tx, v, item) for v in self.iterate(tx))
@@ -315,7 +387,8 @@ class DictViewValue(Value):
         return super().getattr(tx, name)
 
     def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
-        left, right = real_operand(tx, self), real_operand(tx, args[0])
+        seen: dict = {}
+        left, right = real_operand(tx, self, seen), real_operand(tx, args[0], seen)
         return ConstantValue(left.real.isdisjoint(right.real))
 
     def reconstruct(self, em: Emitter) -> None:

@@ -9,6 +9,7 @@ Python values (sizes, flags) become constants and leave no node behind.
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import sys
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from ember.capture.guards import GuardKind
 from ember.capture.shapes import SYM_TYPES
 from ember.capture.sources import AttrSource, MethodResultSource
 from ember.capture.values.base import ConstantValue, MissingAttribute, Value
+from ember.capture.values.inference_mode import made_tensor_is_inference, records_no_autograd
 from ember.capture.values.meta import is_data_dependent_error, result_device, run_on_meta
 from ember.capture.values.objects import pin_class_attribute
 from ember.errors import BreakReason, Unsupported
@@ -96,9 +98,6 @@ _REFUSED = {
     "retain_grad": "retain_grad()",
     "data_ptr": "data pointers",
     "untyped_storage": "storage access",
-    # whether a tensor is an inference tensor depends on the mode it was made in (a view
-    # of an ordinary tensor is not one), which the meta examples do not share
-    "is_inference": "Tensor.is_inference()",
 }
 
 
@@ -108,6 +107,11 @@ def _asks_for_grad(args: list[Value], kwargs: dict[str, Value]) -> bool:
 
 
 class TensorValue(Value):
+    inference: bool | None = None
+    """Whether it is an inference tensor, where known (see `is_inference`)."""
+    grad_fn: Value | None = None
+    """The stand-in of its `grad_fn` last read (values/grad_fn.py)."""
+
     def __init__(
         self, node: torch.fx.Node, example: torch.Tensor, device: torch.device, source=None
     ) -> None:
@@ -186,7 +190,8 @@ class TensorValue(Value):
     def _autograd_history(self, tx: Translator, name: str) -> Value:
         """`is_leaf`, and `grad_fn` where it is None: from the example, which mirrors an
         outside tensor's history on the call captured; a later call's tensor may have
-        another (`x * 2` for a leaf), so the answer is guarded. A `grad_fn` object breaks."""
+        another (`x * 2` for a leaf), so the answer is guarded. A `grad_fn` that is not None
+        is a stand-in (values/grad_fn.py)."""
         real = tx.ctx.builder.real_object(self) if self.source is not None else None
         leaf = self.example.is_leaf if real is None else real.is_leaf
         if real is not None:
@@ -195,7 +200,12 @@ class TensorValue(Value):
             return ConstantValue(leaf)
         if leaf or not self.example.requires_grad:  # requires_grad: the tensor's own guard
             return ConstantValue(None)
-        raise Unsupported(BreakReason.UNSUPPORTED_ATTRIBUTE, f"grad_fn of {self.describe()}")
+        from ember.capture.values.grad_fn import GradFnValue
+
+        # one node until an in-place op gives the tensor a new one (`g is t.grad_fn`)
+        if self.grad_fn is None or self.grad_fn.version != self.example._version:
+            self.grad_fn = GradFnValue(self)
+        return self.grad_fn
 
     def _grad(self, tx: Translator) -> Value:
         """`p.grad` of a tensor from outside (an optimizer reading its parameters' gradients):
@@ -257,6 +267,8 @@ class TensorValue(Value):
             from ember.capture.values.tensor_hooks import register_hook
 
             return register_hook(tx, self, args, kwargs)
+        if name == "is_inference" and not args and not kwargs:
+            return ConstantValue(self.is_inference(tx))
         if name in _REFUSED:
             raise Unsupported(BreakReason.UNSUPPORTED_CALL, _REFUSED[name])
         if name == "requires_grad_" and self.source is None and _asks_for_grad(args, kwargs):
@@ -285,6 +297,26 @@ class TensorValue(Value):
         return tensor_op(
             tx, "call_method", "add_" if name.endswith("_") else "add", [self, term], {}
         )
+
+    def is_inference(self, tx: Translator) -> bool:
+        """Whether it is an inference tensor: a tensor from outside says so itself (its
+        TENSOR_MATCH guard checks its dispatch keys, which differ for inference tensors); a
+        tensor the trace made, by the mode it was made in (values/inference_mode.py). The
+        meta examples are ordinary tensors, so they cannot tell."""
+        known = self.known_inference(tx)
+        if known is None:
+            raise Unsupported(
+                BreakReason.UNSUPPORTED_CALL,
+                f"Tensor.is_inference() of {self.describe()}, a view whose base is not known",
+            )
+        return known
+
+    def known_inference(self, tx: Translator) -> bool | None:
+        if self.inference is None and self.source is not None:
+            real = tx.ctx.builder.real_object(self)
+            if isinstance(real, torch.Tensor):
+                self.inference = real.is_inference()
+        return self.inference
 
     def length(self, tx: Translator) -> int:
         if self.example.dim() == 0:
@@ -418,7 +450,8 @@ def tensor_op(
     name = _op_name(target)
     versions = [t.example._version for t in inputs]
     try:
-        result = run_on_meta(kind, target, ex_args, ex_kwargs)
+        with torch.no_grad() if records_no_autograd(tx.ctx.out) else contextlib.nullcontext():
+            result = run_on_meta(kind, target, ex_args, ex_kwargs)
     except Unsupported:
         raise
     except Exception as exc:
@@ -440,7 +473,15 @@ def tensor_op(
         tx.ctx.out.check_writes(written)
         tx.ctx.effects.touch()  # wrote to a tensor: a side effect, as a list append is
     device = result_device(kind, target, ex_args, ex_kwargs, [t.device for t in inputs])
-    return wrap_result(tx, node, result, device, inputs)
+    wrapped = wrap_result(tx, node, result, device, inputs)
+    subclass = _result_subclass(inputs)
+    for made in _tensor_values([wrapped]):
+        if made.node is not None and all(made is not t for t in inputs):
+            made.python_cls = subclass
+            view = made.example._is_view()
+            bases = [(t.example, t.known_inference(tx)) for t in inputs] if view else []
+            made.inference = made_tensor_is_inference(tx.ctx.out, made.example, bases)
+    return wrapped
 
 
 def _autocast_inputs(
@@ -488,6 +529,22 @@ def _substituted(value: Value, replacements: dict[int, Value]) -> Value:
     if isinstance(value, SequenceValue) and any(id(v) in replacements for v in value.items):
         return type(value)([_substituted(v, replacements) for v in value.items])
     return value
+
+
+def _result_subclass(inputs: list[TensorValue]) -> type:
+    """The class of the tensors an op returns, as torch's `__torch_function__` protocol
+    makes it: Tensor's own `__torch_function__` converts them to the class of the first
+    overriding argument (a subclass before its bases); a class that disables it
+    (nn.Parameter) gives plain tensors."""
+    found = torch.Tensor
+    for tensor in inputs:
+        cls = tensor.python_cls
+        override = getattr(cls, "__torch_function__", None)
+        if cls is torch.Tensor or override is torch._C._disabled_torch_function_impl:
+            continue
+        if found is torch.Tensor or (issubclass(cls, found) and cls is not found):
+            found = cls
+    return found
 
 
 def _tensor_values(values: list[Value]) -> list[TensorValue]:

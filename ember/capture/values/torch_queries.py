@@ -24,6 +24,7 @@ from ember.capture.guards import GuardKind
 from ember.capture.values.base import ConstantValue, Value
 from ember.capture.values.builtins import handles
 from ember.capture.values.containers import DictValue, ListValue, TupleValue
+from ember.capture.values.inference_mode import traced_inference_mode
 from ember.capture.values.tensor import TensorValue
 from ember.errors import BreakReason, Unsupported
 
@@ -38,8 +39,9 @@ def _is_grad_enabled(tx, args, kwargs):
 
 @handles(torch.is_inference_mode_enabled)
 def _is_inference_mode_enabled(tx, args, kwargs):
-    if tx.ctx.out.inference_blocks:  # inside a traced `with torch.inference_mode()`
-        return ConstantValue(True)
+    traced = traced_inference_mode(tx.ctx.out)
+    if traced is not None:  # inside a traced `with torch.inference_mode(...)`
+        return ConstantValue(traced)
     mode = torch_compat.callers_inference_mode()
     tx.ctx.guards.add(GuardKind.INFERENCE_MODE, None, mode)
     return ConstantValue(mode)
