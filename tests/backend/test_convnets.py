@@ -362,10 +362,9 @@ def test_conv_layout_outputs_keep_eager_strides():
 
 
 def test_conv_layout_training_steps():
-    """A training step under EMBER_CONV_LAYOUT=channels_last: convolutions whose results
-    the forward saves for the backward keep eager's layout, the others (before a ReLU,
-    which saves its own result) go channels-last; values, gradients and their strides as
-    eager's."""
+    """Training steps under EMBER_CONV_LAYOUT=channels_last (the whole training graph is
+    traced channels-last since session 16: tests/backend/test_channels_last_training.py);
+    values, gradients and their strides as eager's."""
     torch.manual_seed(0)
     plain = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 3))
     with config.patch(conv_layout="channels_last"):
