@@ -33,7 +33,7 @@ from ember.aot.program import (
 )
 from ember.aot.runtime import InferenceRuntime, TrainingRuntime
 from ember.aot.symbolic import example_input
-from ember.aot.trace import RunEagerly, check_functional
+from ember.aot.trace import RunEagerly, TraceError, check_functional
 from ember.errors import BreakReason
 from ember.torch_compat import without_dynamo
 
@@ -220,6 +220,10 @@ def _channels_last(
     device = joint.program.device
     if not positions or device.type != "cpu" or not choose(joint.gm):
         return joint
-    retraced = trace_joint(gm, args, None, joint)
+    try:
+        retraced = trace_joint(gm, args, None, joint)
+    except (TraceError, RunEagerly) as e:  # the first trace stands: a layout is no reason
+        channels_last.log_choice(positions, False, f"the retrace failed: {e}")
+        return joint
     channels_last.log_choice(positions, retraced is not None, "" if retraced else "no match")
     return retraced if retraced is not None else joint

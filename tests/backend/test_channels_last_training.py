@@ -136,3 +136,38 @@ def test_auto_keeps_training_graphs_nchw(caplog, wrapper_calls):
     assert any(
         re.fullmatch(r"training graph: inputs \[\d+\] traced channels-last", m) for m in lines
     )
+
+
+class ReturnsItsInput(nn.Module):
+    """Returns a view of its image input beside a convolution: converted, that view would
+    be of the graph's copy, not of the caller's tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x):
+        return self.conv(x), x[:, :2]
+
+
+def test_retrace_that_changes_what_aliases_is_dropped(caplog):
+    """The retrace returns a fresh tensor where the first trace returned a view of the
+    input: it is dropped (logged), and the view still aliases the caller's tensor."""
+    torch.manual_seed(0)
+    model = ReturnsItsInput()
+    x = torch.randn(2, 3, 8, 8)
+    ember.set_logs("aot")
+    try:
+        with (
+            caplog.at_level(logging.DEBUG, logger="ember.aot"),
+            config.patch(conv_layout="channels_last"),
+        ):
+            out, view = compile_ember(model)(x)
+    finally:
+        ember.set_logs()
+    want, want_view = model(x)
+    torch.testing.assert_close(out, want, **TOL[torch.float32])
+    assert out.stride() == want.stride()
+    assert view.data_ptr() == x.data_ptr() and view.stride() == want_view.stride()
+    lines = [r.getMessage() for r in caplog.records if r.name == "ember.aot"]
+    assert any(m.endswith("stay in eager's layout (no match)") for m in lines), lines
