@@ -20,6 +20,7 @@ import torch
 import torch.fx as fx
 
 from ember import logs
+from ember.aot import channels_last
 from ember.aot.partition import partition
 from ember.aot.program import (
     Program,
@@ -32,7 +33,7 @@ from ember.aot.program import (
 )
 from ember.aot.runtime import InferenceRuntime, TrainingRuntime
 from ember.aot.symbolic import example_input
-from ember.aot.trace import RunEagerly, check_functional
+from ember.aot.trace import RunEagerly, TraceError, check_functional
 from ember.errors import BreakReason
 from ember.torch_compat import without_dynamo
 
@@ -48,6 +49,8 @@ class JointGraph:
     num_fwd_outputs: int  # user outputs + mutated inputs' final values
     diff_outputs: list[int]  # indices (into the user graph outputs) that get a tangent
     grad_inputs: list[int]  # flat input indices that get a gradient
+    outs: list[Any]  # the user outputs' traced (meta) values
+    grads: list[Any]  # the gradients' traced values (None: no gradient)
 
 
 def _differentiable(t: Any) -> bool:
@@ -57,20 +60,40 @@ def _differentiable(t: Any) -> bool:
 
 
 def trace_joint(
-    gm: torch.nn.Module, args: Sequence[Any], symbolic: Sequence[Any] | None = None
+    gm: torch.nn.Module,
+    args: Sequence[Any],
+    symbolic: Sequence[Any] | None = None,
+    channels_last: JointGraph | None = None,
 ) -> JointGraph | None:
-    """Trace forward and backward together; None when no output needs a gradient."""
-    return without_dynamo(_trace_joint, gm, args, symbolic)
+    """Trace forward and backward together; None when no output needs a gradient.
+    `channels_last`: the joint graph traced before in eager's layout; its candidate inputs
+    are converted to channels-last at the entry (channels_last.py), its outputs' strides
+    kept. None also where that retrace does not match it."""
+    return without_dynamo(_trace_joint, gm, args, symbolic, channels_last)
 
 
 def _trace_joint(
-    gm: torch.nn.Module, args: Sequence[Any], symbolic: Sequence[Any] | None
+    gm: torch.nn.Module,
+    args: Sequence[Any],
+    symbolic: Sequence[Any] | None,
+    eager: JointGraph | None = None,
 ) -> JointGraph | None:
     check_symbolic_floats(gm, symbolic)
     tracer, program, fakes, call_args = begin(gm, args, symbolic)
     grad_fns = [f.grad_fn if isinstance(f, torch.Tensor) else None for f in fakes]
+    if eager is not None:
+        positions = channels_last.candidates(fakes, len(fakes) - len(program.state))
+        with tracer.recording():
+            channels_last.convert(call_args, fakes, positions)
     with torch.enable_grad():
         graph_outs = run_forward(tracer, program, gm, fakes, call_args)
+        if eager is not None:
+            if not channels_last.same_program(eager.program, program):
+                return None
+            with tracer.recording():
+                graph_outs = channels_last.outputs_in_eager_strides(graph_outs, eager.outs)
+            if graph_outs is None:
+                return None
     _check_rebased(program, fakes, grad_fns)
     diff_outputs = [k for k, o in enumerate(graph_outs) if _differentiable(o)]
     grad_inputs = [i for i, f in enumerate(fakes) if _differentiable(f)]
@@ -104,6 +127,14 @@ def _trace_joint(
             raise RunEagerly(
                 BreakReason.SIDE_EFFECT, f"a value the backward needs is mutated: {e}"
             ) from e
+    if eager is not None:
+        with tracer.recording():
+            grads = [
+                channels_last.restrided(g, fakes[i]) if g is not None else None
+                for g, i in zip(grads, grad_inputs, strict=True)
+            ]
+        if any(g is None and o is not None for g, o in zip(grads, eager.grads, strict=True)):
+            return None
     grad_nodes = [tracer.value(g) if g is not None else None for g in grads]
     joint = tracer.finish_nodes(fwd_nodes + grad_nodes)
     check_functional(joint.graph)
@@ -115,6 +146,8 @@ def _trace_joint(
         num_fwd_outputs=len(fwd_nodes),
         diff_outputs=diff_outputs,
         grad_inputs=grad_inputs,
+        outs=list(graph_outs),
+        grads=list(grads),
     )
 
 
@@ -150,6 +183,9 @@ def build_training(
         return InferenceRuntime(
             program, compile_aten(program.gm, backend_examples(program.gm, flat))
         )
+    choose = getattr(compile_aten, "channels_last_training", None)
+    if choose is not None and symbolic is None:
+        joint = _channels_last(gm, args, joint, choose)
     if logs.enabled("aot"):
         logs.log("aot", "joint graph:\n%s", joint.gm.print_readable(print_output=False))
     parts = partition(
@@ -172,3 +208,22 @@ def build_training(
         first, second = (compile_backward(g) for g in (parts.split.first, parts.split.second))
         return TrainingRuntime(joint, parts, fwd, None, (first, second))
     return TrainingRuntime(joint, parts, fwd, compile_backward(parts.backward))
+
+
+def _channels_last(
+    gm: torch.nn.Module, args: Sequence[Any], joint: JointGraph, choose: channels_last.Choice
+) -> JointGraph:
+    """The joint graph traced again with its image inputs channels-last where the backend
+    `choose`s so on the first trace's graph (channels_last.py); else `joint` itself."""
+    flat = joint.program.flat_inputs(args)
+    positions = channels_last.candidates(flat, len(flat) - len(joint.program.state))
+    device = joint.program.device
+    if not positions or device.type != "cpu" or not choose(joint.gm):
+        return joint
+    try:
+        retraced = trace_joint(gm, args, None, joint)
+    except (TraceError, RunEagerly) as e:  # the first trace stands: a layout is no reason
+        channels_last.log_choice(positions, False, f"the retrace failed: {e}")
+        return joint
+    channels_last.log_choice(positions, retraced is not None, "" if retraced else "no match")
+    return retraced if retraced is not None else joint

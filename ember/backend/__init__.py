@@ -41,9 +41,10 @@ def compile_graph(
         known = "none (ember's settings are ember.config fields, set with EMBER_* variables)"
         raise ValueError(f"unknown options {sorted(options)} for ember's backend; known: {known}")
     build.begin()  # how idle the machine is while this compiles: g++'s parallelism
-    compile_aten_ = (
-        compile_aten if mode in (None, "default") else functools.partial(compile_aten, mode=mode)
-    )
+    compile_aten_: Any = compile_aten
+    if mode not in (None, "default"):
+        compile_aten_ = functools.partial(compile_aten, mode=mode)
+        compile_aten_.channels_last_training = compile_aten.channels_last_training
     return aot_compile(gm, example_inputs, compile_aten_)
 
 

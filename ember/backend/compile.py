@@ -31,6 +31,7 @@ from ember.backend.codegen.plan import plan_kernel, plan_str
 from ember.backend.codegen.prelude import PRELUDE
 from ember.backend.ir import nodes as ir
 from ember.backend.ir import printer, verifier
+from ember.backend.lowering import layout
 from ember.backend.lowering.graph import lower, symbolic_value
 from ember.backend.scheduler import memory
 from ember.backend.scheduler.dependencies import eliminate_dead
@@ -363,3 +364,8 @@ def _compile_aten(
     for r in _recorders:
         r.append(art)
     return fn
+
+
+# aot asks this before compiling a training graph (aot/channels_last.py): trace it again
+# with its image inputs channels-last?
+compile_aten.channels_last_training = layout.channels_last_training  # type: ignore[attr-defined]

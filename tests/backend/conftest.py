@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from ember import config
-from ember.backend.codegen import target
+from ember.backend.codegen import target, wrapper
 
 
 def _isas() -> list[str]:
@@ -45,3 +45,33 @@ def _shared_cache(tmp_path_factory: pytest.TempPathFactory):
 def _fresh_dynamo():
     torch._dynamo.reset()
     yield
+
+
+@pytest.fixture
+def wrapper_calls(monkeypatch) -> dict:
+    """Records what the wrappers compiled while the test runs ask of torch: the memory
+    format of each convolution's input, and each layout copy `_fix` makes of a library
+    result that came back in other strides than the kernels were generated for."""
+    seen: dict = {"conv_inputs": [], "copies": 0}
+    instantiate = wrapper.instantiate
+
+    def conv(x, *args):
+        cl = x.is_contiguous(memory_format=torch.channels_last)
+        seen["conv_inputs"].append("channels_last" if cl else "nchw")
+        return torch.convolution(x, *args)
+
+    def fix(t, size, stride):
+        out = wrapper._fix(t, size, stride)
+        seen["copies"] += out.numel() > 1 and out.data_ptr() != t.data_ptr()
+        return out
+
+    def watched(source, kernels, constants, device=None):
+        call = instantiate(source, kernels, constants, device)
+        scope = call.__globals__
+        for name in [n for n, op in scope.items() if op is torch.convolution]:
+            scope[name] = conv
+        scope["_fix"] = fix
+        return call
+
+    monkeypatch.setattr(wrapper, "instantiate", watched)
+    return seen

@@ -18,7 +18,6 @@ from torch import nn
 
 import ember
 from ember import config
-from ember.backend.codegen import wrapper
 from ember.backend.compile import record, stats
 from tests.backend.helpers import compile_ember, extern_ops
 
@@ -297,35 +296,6 @@ def test_small_resnet_training_then_eval():
         _eval_matches(model, x)
 
 
-@pytest.fixture
-def wrapper_calls(monkeypatch) -> dict:
-    """Records what the wrappers compiled while the test runs ask of torch: the memory
-    format of each convolution's input, and each layout copy `_fix` makes of a library
-    result that came back in other strides than the kernels were generated for."""
-    seen: dict = {"conv_inputs": [], "copies": 0}
-    instantiate = wrapper.instantiate
-
-    def conv(x, *args):
-        cl = x.is_contiguous(memory_format=torch.channels_last)
-        seen["conv_inputs"].append("channels_last" if cl else "nchw")
-        return torch.convolution(x, *args)
-
-    def fix(t, size, stride):
-        seen["copies"] += tuple(t.stride()) != stride and t.numel() > 1
-        return wrapper._fix(t, size, stride)
-
-    def watched(source, kernels, constants, device=None):
-        call = instantiate(source, kernels, constants, device)
-        scope = call.__globals__
-        for name in [n for n, op in scope.items() if op is torch.convolution]:
-            scope[name] = conv
-        scope["_fix"] = fix
-        return call
-
-    monkeypatch.setattr(wrapper, "instantiate", watched)
-    return seen
-
-
 def _eval_model(model, dtype=torch.float32):
     model = model.to(dtype)
     for m in model.modules():
@@ -392,10 +362,9 @@ def test_conv_layout_outputs_keep_eager_strides():
 
 
 def test_conv_layout_training_steps():
-    """A training step under EMBER_CONV_LAYOUT=channels_last: convolutions whose results
-    the forward saves for the backward keep eager's layout, the others (before a ReLU,
-    which saves its own result) go channels-last; values, gradients and their strides as
-    eager's."""
+    """Training steps under EMBER_CONV_LAYOUT=channels_last (the whole training graph is
+    traced channels-last since session 16: tests/backend/test_channels_last_training.py);
+    values, gradients and their strides as eager's."""
     torch.manual_seed(0)
     plain = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 4, 3))
     with config.patch(conv_layout="channels_last"):

@@ -307,3 +307,23 @@ def test_hardtanh_backward_is_lowered(dtype):
     assert extern_ops(art) == []
     (art,) = check(lambda g, x: torch.ops.aten.hardtanh_backward(g, x, -1.0, 1.0) * 2, g, x)
     assert extern_ops(art) == []
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str
+)
+def test_sigmoid_backward_is_lowered(dtype):
+    """The sigmoid's backward (RegNet's squeeze-excitation): no aten call left, values as
+    eager's, also fused with what reads it; and a training step through torch.sigmoid."""
+    y = torch.sigmoid(torch.cat([torch.tensor([-50.0, 0.0, 50.0]), torch.randn(45) * 4]))
+    y, g = y.to(dtype), torch.randn(48, dtype=dtype)
+    (art,) = check(lambda g, y: torch.ops.aten.sigmoid_backward(g, y), g, y)
+    assert extern_ops(art) == []
+    (art,) = check(lambda g, y: torch.ops.aten.sigmoid_backward(g * 2, y).exp(), g, y)
+    assert extern_ops(art) == []
+    x = torch.randn(6, 7, dtype=dtype, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    (x * torch.sigmoid(x)).sum().backward()
+    compile_ember(lambda x: x * torch.sigmoid(x))(x2).sum().backward()
+    tol = {"atol": 2e-2, "rtol": 2e-2} if dtype in (torch.bfloat16, torch.float16) else {}
+    torch.testing.assert_close(x2.grad, x.grad, **tol)

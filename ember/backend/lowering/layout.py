@@ -118,6 +118,26 @@ def plan(gm: torch.fx.GraphModule, returned: Callable[[torch.fx.Node], bool]) ->
     return kept
 
 
+def channels_last_training(gm: torch.fx.GraphModule) -> bool:
+    """Whether a training joint graph (traced in eager's NCHW layout) should be traced
+    again with its image inputs channels-last (aot/channels_last.py): every convolution is
+    then channels-last, forward and backward, with no layout copy. Only under
+    EMBER_CONV_LAYOUT=channels_last for now, and where every convolution whose strides
+    change keeps a channels-last input so in the library (`_library_keeps`).
+
+    Not chosen by timing (auto answers no): the convolutions of transformers' ResNet,
+    RegNet and MobileNetV2 steps got 10-20% faster channels-last, but each training batch
+    norm of a channels-last activation is then four kernels each way (column-form mean
+    and variance, coefficients, normalization) where NCHW has one, and the steps came out
+    level with NCHW's (notes/backend.md, "Conv-net training, session 16")."""
+    if config.current().conv_layout != "channels_last":
+        return False
+    convolutions = gm.graph.find_nodes(op="call_function", target=aten.convolution.default)
+    # (a 1x1 result has the same strides in both layouts)
+    changed = [c for c in convolutions if _restrided(c.meta.get("val")) is not None]
+    return bool(changed) and all(map(_library_keeps, changed))
+
+
 def _convolves(user: torch.fx.Node) -> bool:
     return user.target is aten.convolution.default
 

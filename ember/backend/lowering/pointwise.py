@@ -459,6 +459,18 @@ def _hardtanh_backward(ctx: LowerCtx, grad, x, lo, hi) -> LazyValue:
     return pointwise(ctx, fn, [grad, x])
 
 
+@register(aten.sigmoid_backward.default)
+def _sigmoid_backward(ctx: LowerCtx, grad, y) -> LazyValue:
+    """The sigmoid's backward from its output y: grad * (1 - y) * y, in eager's order.
+    RegNet's squeeze-excitation blocks called it as aten in every training step; lowered,
+    it joins the kernel around it."""
+
+    def fn(g, a):
+        return bin_(B.MUL, bin_(B.MUL, g, bin_(B.SUB, const(1, a.dtype), a)), a)
+
+    return pointwise(ctx, fn, [grad, y])
+
+
 @register(aten.threshold.default)
 def _threshold(ctx: LowerCtx, x, threshold, value) -> LazyValue:
     def fn(a):
