@@ -16,6 +16,9 @@ import torch
 import torch._dynamo
 from fidelity_harness import check, dynamo_counts, tensors
 
+import ember
+from ember.testing import assert_same
+
 # --- dicts and sets keyed by objects whose class hashes in Python --------------------------
 
 
@@ -620,3 +623,38 @@ def test_str_and_repr_of_exceptions_holding_objects():
     """`repr(e)` of a KeyError holding a key object broke (its args are not constants);
     BaseException's C `__repr__`/`__str__` (and KeyError's `__str__`) are written out."""
     assert check(p_text_of_exceptions_holding_objects, tensors((3,))).breaks == 0
+
+
+# --- round 16's open items: inference_mode(False) under the caller's inference mode --------
+
+
+def p_inference_mode_false_under_the_callers_inference_mode(x):
+    with torch.inference_mode(False):
+        y = x * 2
+        z = (y * y).sum()
+        flags = y.requires_grad, y.is_inference(), z.requires_grad, torch.is_grad_enabled()
+    w = x + 1  # after the block: the caller's inference mode again
+    return y, z, w, flags, w.requires_grad, w.is_inference()
+
+
+def _under_inference_mode(fn):
+    (x,) = _leaf()
+    with torch.inference_mode():
+        result = fn(x)
+    y, z, w = result[:3]
+    z.backward()  # through the block's tensors: gradients as eager's
+    return result, (y.requires_grad, y.is_inference(), w.is_inference()), x.grad
+
+
+def test_inference_mode_false_block_under_the_callers_inference_mode():
+    """The caller runs the compiled function under `torch.inference_mode()`; the block's
+    examples were made under no_grad (meta.py's caller rule), so `y.requires_grad` said
+    False in the trace (eagerly True). Dynamo is not compared: its counts are taken
+    outside inference mode."""
+    fn = p_inference_mode_false_under_the_callers_inference_mode
+    ember.reset()
+    expected = _under_inference_mode(fn)
+    actual = _under_inference_mode(ember.compile(fn, backend="eager"))
+    assert expected[0][3] == (True, False, True, True)  # the eager facts the test relies on
+    assert_same(actual, expected, path="result")
+    assert (ember.stats()["graphs"], ember.stats()["graph_breaks"]) == (1, 0)
