@@ -122,6 +122,8 @@ class CaptureContext:
     frames: list[Translator] = dataclasses.field(default_factory=list)
     """The frames running now, the root first: the frame that steps, and its callers (a
     generator's frame sits under the frame that pulls it)."""
+    generators: list[GeneratorIterator] = dataclasses.field(default_factory=list)
+    """The generators the trace made (values/generator_drop.py closes those it drops)."""
     broken: tuple[Unsupported, tuple[Translator, ...]] | None = None
     """The last break and the frames that were running when its instruction failed."""
     autocast: tuple[AutocastMode, ...] = dataclasses.field(default_factory=callers_modes)
@@ -531,7 +533,9 @@ class Translator:
         child = Translator(self.ctx, code, f_globals, f_locals, cells, parent=self)
         if not code.co_flags & inspect.CO_GENERATOR:
             return child.run()
-        return GeneratorIterator(child, self.ctx.frames[-1].before if self.ctx.frames else None)
+        made = GeneratorIterator(child, self.ctx.frames[-1].before if self.ctx.frames else None)
+        self.ctx.generators.append(made)
+        return made
 
 
 def bind_arguments(

@@ -13,6 +13,7 @@ from ember.capture.autocast import AutocastMode
 from ember.capture.handlers import handler
 from ember.capture.values.base import ConstantValue, Value
 from ember.capture.values.containers import IteratorValue, iter_of
+from ember.capture.values.generator_drop import close_at_frame_end
 from ember.capture.values.inference_mode import InferenceModeValue, enter_again
 from ember.capture.values.objects import GradModeValue, UserObjectValue
 from ember.errors import BreakReason, Unsupported
@@ -92,11 +93,13 @@ def end_for(tx, inst):
 @handler(Op.RETURN_VALUE)
 def return_value(tx, inst):
     tx.returned = tx.pop()
+    close_at_frame_end(tx)
 
 
 @handler(Op.RETURN_CONST)
 def return_const(tx, inst):
     tx.returned = tx.ctx.builder.wrap_const(inst.argval)
+    close_at_frame_end(tx)
 
 
 class ExitValue(Value):

@@ -6,6 +6,7 @@ from ember.bytecode import Op
 from ember.capture.handlers import handler
 from ember.capture.handlers.names import CellHandle
 from ember.capture.values.base import NULL, NullValue, Value
+from ember.capture.values.generator_drop import close_if_dropped
 
 
 @handler(Op.NOP)
@@ -84,7 +85,7 @@ def load_const(tx, inst):
 
 @handler(Op.POP_TOP)
 def pop_top(tx, inst):
-    tx.pop()
+    close_if_dropped(tx, tx.pop())  # a `for` loop's generator at a `break`
 
 
 @handler(Op.PUSH_NULL)

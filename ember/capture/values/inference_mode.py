@@ -147,9 +147,12 @@ def traced_inference_mode(out: Any) -> bool | None:
 
 
 def records_no_autograd(out: Any) -> bool:
-    """Ops traced now record no autograd whatever the grad mode: inside a traced
-    `inference_mode()` block (innermost in inference mode) with grad mode on."""
-    return bool(traced_inference_mode(out)) and torch.is_grad_enabled()
+    """Ops traced now record no autograd whatever the grad mode: in inference mode (the
+    innermost traced block's, else the caller's) with grad mode on. Inside a traced
+    `inference_mode(False)` block they do record it, also under the caller's inference mode."""
+    mode = traced_inference_mode(out)
+    inference = torch_compat.callers_inference_mode() if mode is None else mode
+    return inference and torch.is_grad_enabled()
 
 
 def made_tensor_is_inference(

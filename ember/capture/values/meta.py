@@ -48,14 +48,20 @@ def _device_arg(value: Any) -> torch.device | None:
     return None
 
 
-def run_on_meta(kind: str, target: Any, args: list, kwargs: dict) -> Any:
+def run_on_meta(
+    kind: str, target: Any, args: list, kwargs: dict, no_autograd: bool | None = None
+) -> Any:
     """Call `target` (a function, or a method name for call_method) on meta examples; a call
     whose inputs match an earlier one in every piece of metadata is answered from the cache
-    (see `_MetaCache`). Under the caller's inference mode (the capture runs outside it), ops
-    record no autograd whatever the grad mode: the examples are made under no_grad."""
-    if torch.is_grad_enabled() and torch_compat.callers_inference_mode():
+    (see `_MetaCache`). Where the ops record no autograd whatever the grad mode (inference
+    mode: `no_autograd`, by default the caller's, since the capture runs outside it), the
+    examples are made under no_grad. A traced `inference_mode(False)` block under the
+    caller's inference mode records autograd: tensor.py passes False there."""
+    if no_autograd is None:
+        no_autograd = torch_compat.callers_inference_mode()
+    if no_autograd and torch.is_grad_enabled():
         with torch.no_grad():
-            return run_on_meta(kind, target, args, kwargs)
+            return run_on_meta(kind, target, args, kwargs, no_autograd=False)
     found = _Inputs()
     try:
         key = (kind, target, _key_of(args, found), _key_of(kwargs, found), _global_state())

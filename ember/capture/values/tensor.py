@@ -9,7 +9,6 @@ Python values (sizes, flags) become constants and leave no node behind.
 
 from __future__ import annotations
 
-import contextlib
 import operator
 import sys
 from collections.abc import Callable
@@ -450,8 +449,8 @@ def tensor_op(
     name = _op_name(target)
     versions = [t.example._version for t in inputs]
     try:
-        with torch.no_grad() if records_no_autograd(tx.ctx.out) else contextlib.nullcontext():
-            result = run_on_meta(kind, target, ex_args, ex_kwargs)
+        no_autograd = records_no_autograd(tx.ctx.out)
+        result = run_on_meta(kind, target, ex_args, ex_kwargs, no_autograd=no_autograd)
     except Unsupported:
         raise
     except Exception as exc:

@@ -1,0 +1,167 @@
+"""A suspended generator of the trace that the code drops for good is closed there, as
+CPython closes it when its last reference goes.
+
+`for y in gen(x): ... break` pops the loop's iterator at the `break` (POP_TOP, also in
+3.12 and 3.13); when nothing else refers to the generator its refcount reaches zero there
+and CPython closes it: GeneratorExit is thrown in at its `yield`, so its `finally` blocks
+and `with` exits run before the code after the loop. The trace does the same
+(generator_methods.close) when it can tell that nothing else refers to it: no frame
+running now (locals, cells, stack), no value reachable from them (containers, objects,
+closures, other generators' frames) and nothing the side-effect ledger will store holds
+it. Found anywhere, it stays open, as in CPython (it is closed when that holder goes,
+which the trace does not follow). A generator pulled ahead of its consumer is not at the
+yield CPython's would be at: a graph break there. An exception leaving the `finally`
+(or "generator ignored GeneratorExit") is dropped, as CPython drops it (it prints it to
+stderr as "Exception ignored", which the trace does not reproduce).
+
+A generator held by the compiled function's own frame when it returns (a local, or inside
+one) dies with the frame: it is closed after the return value is computed, as CPython
+does. Not modelled (open): the same at an inlined frame's return (see
+`close_at_frame_end`), and the iterator dropped by an exception leaving the loop."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ember.capture.values.base import Value
+from ember.capture.values.exceptions import TracedRaise
+from ember.capture.values.iterators import GeneratorIterator
+from ember.errors import BreakReason, Unsupported
+
+if TYPE_CHECKING:
+    from ember.capture.translator import Translator
+
+
+def close_if_dropped(tx: Translator, value: Value) -> None:
+    """`value` was just popped off the stack and discarded (POP_TOP): the suspended
+    generators it held (itself, or inside a zip, enumerate, ...) that nothing else holds
+    are closed."""
+    suspended = _suspended(tx)
+    if not suspended:
+        return
+    dropped = _reachable([value], suspended)
+    if dropped:
+        kept = _reachable(_roots(tx), dropped)
+        dropped = [g for g in dropped if g not in kept]
+    if len(dropped) > 1:
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_CALL,
+            f"{len(dropped)} generators dropped at once: the order CPython closes them in "
+            "is not followed",
+        )
+    for gen in dropped:
+        _close(tx, gen)
+
+
+def _suspended(tx: Translator) -> list[GeneratorIterator]:
+    """The generators the trace made that started and have not ended (closing one that
+    has not started runs nothing)."""
+    return [g for g in tx.ctx.generators if g.items and not g.exhausted]
+
+
+def _close(tx: Translator, gen: GeneratorIterator) -> None:
+    if gen.position < len(gen.items):
+        raise Unsupported(
+            BreakReason.UNSUPPORTED_CALL,
+            f"{gen.describe()} dropped after being pulled ahead: CPython closes it here",
+        )
+    from ember.capture.values import generator_methods
+
+    try:
+        generator_methods.close(tx, gen)
+    except TracedRaise:
+        gen.exhausted = True  # eagerly printed to stderr ("Exception ignored") and dropped
+    except Unsupported as exc:
+        if exc.reason is not BreakReason.EXCEPTION_RAISED:
+            raise
+        gen.exhausted = True  # the same, raised where no handler of the trace catches it
+
+
+def close_at_frame_end(tx: Translator) -> None:
+    """The compiled function's own frame `tx` returns (its return value computed): the
+    suspended generators that only its locals and cells held die with it and are closed,
+    in the order CPython clears the locals (`co_varnames`, then the cells). Only that frame:
+    where an inlined frame returns, its caller's handler may still hold values in flight
+    that the frames do not show (BEFORE_WITH calls `__enter__` with the manager popped),
+    so its end is not followed (open); nor is a generator frame's."""
+    if tx.yielded is not None or tx.parent is not None or tx.ctx.frames != [tx]:
+        return
+    suspended = _suspended(tx)
+    if not suspended:
+        return
+    kept = _reachable(_roots(tx, skip=tx), suspended)
+    order: list[GeneratorIterator] = []
+    names = [*tx.code.co_varnames, *tx.code.co_cellvars, *tx.code.co_freevars]
+    held = [tx.locals.get(n) for n in names] + [tx.cells.get(n) for n in names]
+    for holder in held:
+        for gen in _reachable([holder], suspended):
+            if gen not in kept and gen not in order:
+                order.append(gen)
+    for gen in order:
+        others = [g.frame for g in order if g is not gen]
+        if _reachable([c for f in others for c in _frame_contents(f)], [gen]):
+            raise Unsupported(
+                BreakReason.UNSUPPORTED_CALL,
+                f"{gen.describe()} dies with its frame inside another generator that dies "
+                "with it: the order CPython closes them in is not followed",
+            )
+    for gen in order:
+        _close(tx, gen)
+
+
+def _roots(tx: Translator, skip: Translator | None = None) -> list[Any]:
+    """What the trace knows may hold values: the frames running now (less `skip`, the
+    frame that ends, whose return value counts) and the side-effect ledger."""
+    roots: list[Any] = [vars(tx.ctx.effects)]
+    frames = list(tx.ctx.frames)
+    if tx not in frames:
+        frames.append(tx)
+    for frame in frames:
+        roots += [frame.returned] if frame is skip else _frame_contents(frame)
+        roots.append(frame.calling)  # the callable of a call in flight
+    return roots
+
+
+def _reachable(roots: list[Any], wanted: list[GeneratorIterator]) -> list[GeneratorIterator]:
+    """Those of `wanted` that something reachable from `roots` refers to (conservative:
+    any Value reachable through attributes, containers, cells or frames counts)."""
+    from ember.capture.output_graph import OutputGraph
+    from ember.capture.translator import CaptureContext, Translator
+
+    skipped = (Translator, CaptureContext, OutputGraph)  # frames: by their contents only
+
+    found: list[GeneratorIterator] = []
+    targets = {id(g) for g in wanted}
+    seen: set[int] = set()
+    pending = list(roots)
+    while pending:
+        obj = pending.pop()
+        if obj is None or isinstance(obj, (int, float, str, bool)) or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if id(obj) in targets:
+            found.append(obj)
+        if isinstance(obj, dict):
+            pending += [*obj.keys(), *obj.values()]
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            pending += list(obj)
+        elif isinstance(obj, GeneratorIterator):
+            pending += [v for k, v in vars(obj).items() if k != "frame"]
+            pending += _frame_contents(obj.frame)
+        elif type(obj).__name__ == "cell":
+            try:
+                pending.append(obj.cell_contents)
+            except ValueError:  # an empty cell
+                pass
+        elif _holder(obj) and not isinstance(obj, skipped):
+            pending += list(vars(obj).values())  # Values, the ledger's records, cells
+    return found
+
+
+def _frame_contents(frame: Translator) -> list[Any]:
+    return [frame.locals, frame.cells, frame.stack, frame.returned]
+
+
+def _holder(obj: Any) -> bool:
+    """An object of ember's own capture (a Value, a ledger record, a cell stand-in)."""
+    return (type(obj).__module__ or "").startswith("ember.capture") and hasattr(obj, "__dict__")
