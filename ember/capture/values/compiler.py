@@ -20,6 +20,7 @@ objects themselves.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -108,7 +109,18 @@ def runs_in_python(fn: Any) -> str | None:
         return "sets autocast's state: it runs in Python"
     if module == "torch.autograd.grad_mode" and getattr(fn, "__qualname__", "") in _INFERENCE:
         return "sets inference mode: it runs in Python"
+    if code is not None and _of_singledispatch(code):
+        return "is functools.singledispatch's: it runs in Python"
     return None
+
+
+def _of_singledispatch(code: Any) -> bool:
+    """functools.singledispatch and the functions it makes (the dispatcher, whose attributes
+    refer back to it, `register`, `dispatch`): break code could not make a dispatcher of the
+    trace again, so CPython makes it and runs its calls (a dispatcher's `__qualname__` is its
+    user function's; its code's name is functools')."""
+    name = getattr(code, "co_qualname", code.co_name)
+    return code.co_filename == functools.__file__ and name.split(".")[0] == "singledispatch"
 
 
 def allow_in_graph(fn: Callable[..., Any]) -> Callable[..., Any]:
