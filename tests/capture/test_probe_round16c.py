@@ -5,8 +5,12 @@ state) and with Dynamo's graph and break counts on the same function (fidelity_h
 from __future__ import annotations
 
 import functools
+import random
 
+import torch
 from fidelity_harness import check, tensors
+
+import ember
 
 # --- functools.singledispatch made in forward ----------------------------------------------
 
@@ -58,3 +62,58 @@ def p_singledispatch_alive_past_a_break(x):
 
 def test_singledispatch_alive_past_a_break():
     check(p_singledispatch_alive_past_a_break, tensors((3, 4)))
+
+
+# --- Python's global random in forward -----------------------------------------------------
+
+
+def random_state():
+    return random.getstate()
+
+
+def reseed():
+    random.seed(5)  # randint(0, 10) draws twice inside (its first getrandbits is >= 11)
+
+
+def p_python_random_draws(x):
+    a = random.random()
+    b = random.randint(0, 10)
+    c = random.uniform(1, 2)
+    return x * a, b, c, x + b
+
+
+def p_python_random_seeded(x):
+    random.seed(0)
+    a = random.random()
+    b = random.randint(0, 10)
+    return x * a, b, random.uniform(1, 2), random.choice([1, 2, 3]), random.randrange(5)
+
+
+def test_python_random_draws_break_once_per_call():
+    """randint's and uniform's Python was traced into a break at each C draw inside (4
+    breaks); now each call breaks once, where CPython draws. Dynamo takes 1 (it draws in the
+    graph's prologue): still behind (open)."""
+    counts = check(
+        p_python_random_draws, tensors((3, 4)), state=random_state, reset=reseed, dynamo=False
+    )
+    assert counts.breaks == 3
+    # repeated calls of the compiled function draw anew (no value is baked in)
+    compiled = ember.compile(p_python_random_draws, backend="eager")
+    x = torch.ones(2)
+    random.seed(7)
+    expected = [p_python_random_draws(x) for _ in range(3)]
+    after = random.getstate()
+    random.seed(7)
+    actual = [compiled(x) for _ in range(3)]
+    assert random.getstate() == after
+    for got, want in zip(actual, expected):
+        torch.testing.assert_close(got[0], want[0])
+        assert got[1:3] == want[1:3]
+    assert len({r[1:3] for r in actual}) == 3
+
+
+def test_python_random_seeded_draws_are_eagers():
+    counts = check(
+        p_python_random_seeded, tensors((3, 4)), state=random_state, reset=reseed, dynamo=False
+    )
+    assert counts.breaks == 6  # was 8: randint, choice and randrange were traced into draws
