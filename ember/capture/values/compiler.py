@@ -115,12 +115,18 @@ def runs_in_python(fn: Any) -> str | None:
 
 
 def _of_singledispatch(code: Any) -> bool:
-    """functools.singledispatch and the functions it makes (the dispatcher, whose attributes
-    refer back to it, `register`, `dispatch`): break code could not make a dispatcher of the
-    trace again, so CPython makes it and runs its calls (a dispatcher's `__qualname__` is its
-    user function's; its code's name is functools')."""
+    """functools.singledispatch itself, a dispatcher's `register` and its `dispatch` (the
+    lookup of the implementation, through a WeakKeyDictionary cache): break code could not
+    make a dispatcher of the trace again (its attributes refer back to it), so CPython makes
+    it, registers on it and looks implementations up; the dispatcher's call, and the
+    implementation it calls, are traced (a dispatcher made outside: as before, one break)."""
     name = getattr(code, "co_qualname", code.co_name)
-    return code.co_filename == functools.__file__ and name.split(".")[0] == "singledispatch"
+    return code.co_filename == functools.__file__ and name in _SINGLEDISPATCH
+
+
+_SINGLEDISPATCH = tuple(
+    f"singledispatch{inner}" for inner in ("", ".<locals>.register", ".<locals>.dispatch")
+)
 
 
 def allow_in_graph(fn: Callable[..., Any]) -> Callable[..., Any]:
