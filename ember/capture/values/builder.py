@@ -14,6 +14,7 @@ import enum
 import functools
 import itertools
 import os
+import random
 import sys
 import types
 import weakref
@@ -372,6 +373,9 @@ class ValueBuilder:
             if special.source is None:  # closures and reloads of it are reached through it
                 special.source = source
             return special
+        if isinstance(value, types.MethodType) and value.__self__ is GLOBAL_RANDOM:
+            guards.add(GuardKind.ID_MATCH, AttrSource(source, "__func__"), value.__func__)
+            return GlobalRandomMethod(value, source)
         if isinstance(value, types.MethodType) and isinstance(value.__func__, types.FunctionType):
             owner = self.wrap(value.__self__, AttrSource(source, "__self__"))
             func_source = AttrSource(source, "__func__")
@@ -604,6 +608,28 @@ class OpaqueMethodValue(Value):
 
     def describe(self) -> str:
         return f"{self.owner.cls.__qualname__}.{self.name} (a method of a C class)"
+
+
+GLOBAL_RANDOM = random.random.__self__
+"""The Random behind the `random` module's functions (`random.randint` is its bound method)."""
+
+
+class GlobalRandomMethod(Value):
+    """A method of the global Random written in Python (randint, uniform, choice, ...): a
+    call breaks once, where CPython runs it (its draws and the state after them exactly
+    eager's), instead of its Python being traced into a break at each C draw inside."""
+
+    def __init__(self, method: types.MethodType, source: Source) -> None:
+        self.name, self.source = method.__name__, source
+
+    def python_type(self) -> type:
+        return types.MethodType
+
+    def describe(self) -> str:
+        return f"random.{self.name} (a method of Python's global random.Random)"
+
+    def call(self, tx: Any, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"{self.describe()}: CPython draws")
 
 
 class GradModeClassValue(Value):

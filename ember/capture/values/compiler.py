@@ -20,6 +20,7 @@ objects themselves.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -108,7 +109,24 @@ def runs_in_python(fn: Any) -> str | None:
         return "sets autocast's state: it runs in Python"
     if module == "torch.autograd.grad_mode" and getattr(fn, "__qualname__", "") in _INFERENCE:
         return "sets inference mode: it runs in Python"
+    if code is not None and _of_singledispatch(code):
+        return "is functools.singledispatch's: it runs in Python"
     return None
+
+
+def _of_singledispatch(code: Any) -> bool:
+    """functools.singledispatch itself, a dispatcher's `register` and its `dispatch` (the
+    lookup of the implementation, through a WeakKeyDictionary cache): break code could not
+    make a dispatcher of the trace again (its attributes refer back to it), so CPython makes
+    it, registers on it and looks implementations up; the dispatcher's call, and the
+    implementation it calls, are traced (a dispatcher made outside: as before, one break)."""
+    name = getattr(code, "co_qualname", code.co_name)
+    return code.co_filename == functools.__file__ and name in _SINGLEDISPATCH
+
+
+_SINGLEDISPATCH = tuple(
+    f"singledispatch{inner}" for inner in ("", ".<locals>.register", ".<locals>.dispatch")
+)
 
 
 def allow_in_graph(fn: Callable[..., Any]) -> Callable[..., Any]:
