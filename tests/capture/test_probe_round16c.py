@@ -135,3 +135,34 @@ def test_python_random_seeded_draws_are_eagers():
         p_python_random_seeded, tensors((3, 4)), state=random_state, reset=reseed, dynamo=False
     )
     assert counts.breaks == 6  # was 8: randint, choice and randrange were traced into draws
+
+
+# --- a function made in forward that refers to itself --------------------------------------
+
+SEEN: list = []
+
+
+def p_function_refers_to_itself(x):
+    y = x + 1
+
+    def g(t):
+        return t * 2
+
+    g.me = g  # break code could not make g again with this cycle
+    z = g.me(y)
+    SEEN.append("between")
+    print("a break while g is alive")
+    return z + 1, g.me is g
+
+
+def test_a_function_that_refers_to_itself_is_not_a_reason_to_run_the_frame_eagerly():
+    """The whole frame ran eagerly (at the print's break, g could not be made again with
+    its attribute pointing back at it). Now the attribute that makes the cycle is set in
+    Python, at a break, and the tensor code around it is captured."""
+    counts = check(
+        p_function_refers_to_itself,
+        tensors((3, 4)),
+        state=lambda: list(SEEN),
+        reset=SEEN.clear,
+    )
+    assert counts.ops >= 3

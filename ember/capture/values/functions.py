@@ -370,6 +370,12 @@ class NestedFunctionValue(Value):
         """What functools.wraps writes; the function's code, defaults and closure stay."""
         if name in ("__defaults__", "__kwdefaults__", "__code__", "__closure__", "__dict__"):
             return super().setattr(tx, name, value)
+        if value is self:  # `g.me = g`: break code could not make g again with the cycle
+            raise Unsupported(
+                BreakReason.UNSUPPORTED_OBJECT,
+                f"{self.describe()} made during capture would refer to itself through "
+                f"`.{name}`: the attribute is set in Python",
+            )
         tx.ctx.effects.touch(self)
         if name == "__annotations__":
             self.annotations = value
