@@ -166,3 +166,17 @@ def test_a_function_that_refers_to_itself_is_not_a_reason_to_run_the_frame_eager
         reset=SEEN.clear,
     )
     assert counts.ops >= 3
+
+
+def p_function_refers_to_itself_through_a_dict(x):
+    def g(t):
+        return t - 1
+
+    g.table = {"self": g, "n": 2}
+    y = g.table["self"](x) * g.table["n"]
+    print("a break while g is alive")
+    return y + 1, g.table["self"] is g
+
+
+def test_a_function_that_refers_to_itself_through_a_dict():
+    assert check(p_function_refers_to_itself_through_a_dict, tensors((3, 4))).ops >= 2

@@ -370,7 +370,9 @@ class NestedFunctionValue(Value):
         """What functools.wraps writes; the function's code, defaults and closure stay."""
         if name in ("__defaults__", "__kwdefaults__", "__code__", "__closure__", "__dict__"):
             return super().setattr(tx, name, value)
-        if value is self:  # `g.me = g`: break code could not make g again with the cycle
+        from ember.capture.values.reachability import reachable
+
+        if reachable([value], [self]):  # `g.me = g`: break code cannot make the cycle again
             raise Unsupported(
                 BreakReason.UNSUPPORTED_OBJECT,
                 f"{self.describe()} made during capture would refer to itself through "

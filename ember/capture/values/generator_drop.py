@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ember.capture.values.base import Value
 from ember.capture.values.exceptions import TracedRaise
 from ember.capture.values.iterators import GeneratorIterator
+from ember.capture.values.reachability import frame_contents, reachable
 from ember.errors import BreakReason, Unsupported
 
 if TYPE_CHECKING:
@@ -39,9 +40,9 @@ def close_if_dropped(tx: Translator, value: Value) -> None:
     suspended = _suspended(tx)
     if not suspended:
         return
-    dropped = _reachable([value], suspended)
+    dropped = reachable([value], suspended)
     if dropped:
-        kept = _reachable(_roots(tx), dropped)
+        kept = reachable(_roots(tx), dropped)
         dropped = [g for g in dropped if g not in kept]
     if len(dropped) > 1:
         raise Unsupported(
@@ -89,17 +90,17 @@ def close_at_frame_end(tx: Translator) -> None:
     suspended = _suspended(tx)
     if not suspended:
         return
-    kept = _reachable(_roots(tx, skip=tx), suspended)
+    kept = reachable(_roots(tx, skip=tx), suspended)
     order: list[GeneratorIterator] = []
     names = [*tx.code.co_varnames, *tx.code.co_cellvars, *tx.code.co_freevars]
     held = [tx.locals.get(n) for n in names] + [tx.cells.get(n) for n in names]
     for holder in held:
-        for gen in _reachable([holder], suspended):
+        for gen in reachable([holder], suspended):
             if gen not in kept and gen not in order:
                 order.append(gen)
     for gen in order:
         others = [g.frame for g in order if g is not gen]
-        if _reachable([c for f in others for c in _frame_contents(f)], [gen]):
+        if reachable([c for f in others for c in frame_contents(f)], [gen]):
             raise Unsupported(
                 BreakReason.UNSUPPORTED_CALL,
                 f"{gen.describe()} dies with its frame inside another generator that dies "
@@ -117,51 +118,6 @@ def _roots(tx: Translator, skip: Translator | None = None) -> list[Any]:
     if tx not in frames:
         frames.append(tx)
     for frame in frames:
-        roots += [frame.returned] if frame is skip else _frame_contents(frame)
+        roots += [frame.returned] if frame is skip else frame_contents(frame)
         roots.append(frame.calling)  # the callable of a call in flight
     return roots
-
-
-def _reachable(roots: list[Any], wanted: list[GeneratorIterator]) -> list[GeneratorIterator]:
-    """Those of `wanted` that something reachable from `roots` refers to (conservative:
-    any Value reachable through attributes, containers, cells or frames counts)."""
-    from ember.capture.output_graph import OutputGraph
-    from ember.capture.translator import CaptureContext, Translator
-
-    skipped = (Translator, CaptureContext, OutputGraph)  # frames: by their contents only
-
-    found: list[GeneratorIterator] = []
-    targets = {id(g) for g in wanted}
-    seen: set[int] = set()
-    pending = list(roots)
-    while pending:
-        obj = pending.pop()
-        if obj is None or isinstance(obj, (int, float, str, bool)) or id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if id(obj) in targets:
-            found.append(obj)
-        if isinstance(obj, dict):
-            pending += [*obj.keys(), *obj.values()]
-        elif isinstance(obj, (list, tuple, set, frozenset)):
-            pending += list(obj)
-        elif isinstance(obj, GeneratorIterator):
-            pending += [v for k, v in vars(obj).items() if k != "frame"]
-            pending += _frame_contents(obj.frame)
-        elif type(obj).__name__ == "cell":
-            try:
-                pending.append(obj.cell_contents)
-            except ValueError:  # an empty cell
-                pass
-        elif _holder(obj) and not isinstance(obj, skipped):
-            pending += list(vars(obj).values())  # Values, the ledger's records, cells
-    return found
-
-
-def _frame_contents(frame: Translator) -> list[Any]:
-    return [frame.locals, frame.cells, frame.stack, frame.returned]
-
-
-def _holder(obj: Any) -> bool:
-    """An object of ember's own capture (a Value, a ledger record, a cell stand-in)."""
-    return (type(obj).__module__ or "").startswith("ember.capture") and hasattr(obj, "__dict__")
