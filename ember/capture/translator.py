@@ -157,6 +157,9 @@ class Translator:
         self.locals = f_locals
         self.cells = cells
         self.parent = parent
+        self.arguments: list[Value] = list(f_locals.values()) if parent is not None else []
+        """An inlined frame's arguments as it was called: its caller may still hold them
+        (popped off its stack, in flight), so what they reach outlives this frame."""
         self.depth = 0 if parent is None else parent.depth + 1
         self.insts: list[Inst] = decode(code)
         self.stack: list[Value] = []

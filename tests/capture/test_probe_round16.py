@@ -733,6 +733,31 @@ def p_generator_still_held_by_a_local(x):
     return y + z  # closed as the frame dies, after the return value
 
 
+def _held_by_a_local_of_a_helper(x):
+    g = _counting(x)
+    first = next(g)
+    CLOSES.append("helper returns")
+    return first + next(g)  # g dies with this frame: closed after the return value
+
+
+class _Holder:
+    def __init__(self, x):
+        self.gen = _counting(x)
+
+    def take(self):
+        g = self.gen  # also reachable from `self`, an argument: stays open
+        return next(g)
+
+
+def p_generator_held_by_an_inlined_functions_local(x):
+    y = _held_by_a_local_of_a_helper(x)
+    CLOSES.append("after")
+    h = _Holder(x)
+    z = h.take() + h.take()
+    CLOSES.append("held")
+    return y + z  # h's generator dies with this frame
+
+
 @pytest.mark.parametrize(
     "fn",
     [
@@ -740,6 +765,7 @@ def p_generator_still_held_by_a_local(x):
         p_break_out_of_a_generator_in_a_with_block,
         p_return_out_of_a_generator_loop_in_an_inlined_function,
         p_generator_still_held_by_a_local,
+        p_generator_held_by_an_inlined_functions_local,
     ],
 )
 def test_a_dropped_generator_is_closed_where_cpython_closes_it(fn):

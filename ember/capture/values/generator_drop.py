@@ -16,8 +16,9 @@ stderr as "Exception ignored", which the trace does not reproduce).
 
 A generator held by the compiled function's own frame when it returns (a local, or inside
 one) dies with the frame: it is closed after the return value is computed, as CPython
-does. Not modelled (open): the same at an inlined frame's return (see
-`close_at_frame_end`), and the iterator dropped by an exception leaving the loop."""
+does; at an inlined frame's return too, unless its arguments or cells reach it (see
+`close_at_frame_end`). Not modelled (open): the iterator dropped by an exception leaving
+the loop."""
 
 from __future__ import annotations
 
@@ -79,21 +80,28 @@ def _close(tx: Translator, gen: GeneratorIterator) -> None:
 
 
 def close_at_frame_end(tx: Translator) -> None:
-    """The compiled function's own frame `tx` returns (its return value computed): the
-    suspended generators that only its locals and cells held die with it and are closed,
-    in the order CPython clears the locals (`co_varnames`, then the cells). Only that frame:
-    where an inlined frame returns, its caller's handler may still hold values in flight
-    that the frames do not show (BEFORE_WITH calls `__enter__` with the manager popped),
-    so its end is not followed (open); nor is a generator frame's."""
-    if tx.yielded is not None or tx.parent is not None or tx.ctx.frames != [tx]:
+    """Frame `tx` returns (its return value computed): the suspended generators that only
+    its locals (and, for the compiled function's own frame, its cells) held die with it
+    and are closed, in the order CPython clears the locals (`co_varnames`, then the
+    cells). An inlined frame's caller may hold values the frames do not show, popped off
+    its stack for the call (BEFORE_WITH calls `__enter__` with the manager popped; an
+    operator's operands): those are the frame's arguments as called (`tx.arguments`), so
+    what they reach is kept, and so is what its cells reach (shared with other
+    closures). A generator frame's end is not followed (open)."""
+    if tx.yielded is not None or not tx.ctx.frames or tx.ctx.frames[-1] is not tx:
         return
     suspended = _suspended(tx)
     if not suspended:
         return
-    kept = reachable(_roots(tx, skip=tx), suspended)
-    order: list[GeneratorIterator] = []
+    roots = _roots(tx, skip=tx)
     names = [*tx.code.co_varnames, *tx.code.co_cellvars, *tx.code.co_freevars]
-    held = [tx.locals.get(n) for n in names] + [tx.cells.get(n) for n in names]
+    held = [tx.locals.get(n) for n in names]
+    if tx.parent is None:
+        held += [tx.cells.get(n) for n in names]
+    else:
+        roots += [tx.arguments, tx.cells]
+    kept = reachable(roots, suspended)
+    order: list[GeneratorIterator] = []
     for holder in held:
         for gen in reachable([holder], suspended):
             if gen not in kept and gen not in order:
