@@ -418,13 +418,24 @@ class Translator:
         entry = handler_at(self.code, inst.offset)
         if entry is None:
             return False
-        del self.stack[entry.depth :]
+        self._drop_stack(entry.depth)
         if entry.lasti:
             self.push(ConstantValue(inst.offset // 2))
         self.push(exc)
         self.kw_names = ()
         self.ip = next(i.index for i in self.insts if i.offset == entry.target)
         return True
+
+    def _drop_stack(self, depth: int) -> None:
+        """Cut the stack to `depth` as an exception unwinds: CPython releases the values
+        from the top down, so a loop's generator that nothing else holds is closed there,
+        before the handler runs (its `finally` first)."""
+        from ember.capture.values.generator_drop import close_if_dropped
+
+        dropped = self.stack[depth:]
+        del self.stack[depth:]
+        for value in reversed(dropped):
+            close_if_dropped(self, value)
 
     def _escape(self, raised: TracedRaise) -> None:
         """The exception leaves this frame. Leaving the compiled function, an exception whose
@@ -435,6 +446,8 @@ class Translator:
             converted = leaving_generator(exc)
             if converted is not exc:
                 raise TracedRaise(converted) from raised
+        else:
+            self._drop_stack(0)  # the locals live on in the traceback, the stack does not
         if self.parent is not None:
             raise raised
         message = exc.args[0].as_constant() if exc.args and exc.args[0].is_constant() else ""

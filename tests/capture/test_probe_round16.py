@@ -758,9 +758,29 @@ def p_generator_held_by_an_inlined_functions_local(x):
     return y + z  # h's generator dies with this frame
 
 
+def _raise_inside_a_generator_loop(x):
+    for y in _counting(x):
+        if y.shape[0] == 3:
+            raise KeyError("k")  # leaves this frame: the stack, the generator with it, goes
+
+
+def p_exception_leaving_a_generator_loop(x):
+    try:
+        for y in _counting(x):  # noqa: B007
+            raise ValueError("v")  # the handler's unwinding drops the loop's generator
+    except ValueError:
+        CLOSES.append("handler")
+    try:
+        _raise_inside_a_generator_loop(x)
+    except KeyError:
+        CLOSES.append("caller's handler")
+    return x + 1
+
+
 @pytest.mark.parametrize(
     "fn",
     [
+        p_exception_leaving_a_generator_loop,
         p_break_out_of_a_generator_loop,
         p_break_out_of_a_generator_in_a_with_block,
         p_return_out_of_a_generator_loop_in_an_inlined_function,
