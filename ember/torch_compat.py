@@ -111,13 +111,14 @@ storage_address: Callable[[torch.Tensor], int] = _resolve("_C._storage_address")
 storage object made, unlike `t.untyped_storage()`)."""
 _storage_use_count: Callable[[int], int] = _resolve("_C._storage_Use_Count")
 disabled_torch_function: Callable[..., Any] = _resolve("_C._disabled_torch_function_impl")
+"""A tensor subclass's `__torch_function__` that skips the subclass at the Python level, so
+only its `__torch_dispatch__` sees ops (capture/autocast.py's probe; nn.Parameter's, whose
+op results are plain tensors)."""
 torch_function_mode_enabled: Callable[[], bool] = _resolve("_C._is_torch_function_mode_enabled")
 has_torch_function: Callable[..., bool] = _resolve("_C._has_torch_function")
 has_torch_function_unary: Callable[..., bool] = _resolve("_C._has_torch_function_unary")
 has_torch_function_variadic: Callable[..., bool] = _resolve("_C._has_torch_function_variadic")
 """The checks torch's Python functions make before handing a call to __torch_function__."""
-"""A tensor subclass's `__torch_function__` that skips the subclass at the Python level, so
-only its `__torch_dispatch__` sees ops (capture/autocast.py's probe)."""
 set_conj: Callable[[torch.Tensor, bool], None] = _resolve("_C._set_conj")
 set_neg: Callable[[torch.Tensor, bool], None] = _resolve("_C._set_neg")
 """Set a tensor's lazy conjugate / negative bit in place (meta examples of such views)."""

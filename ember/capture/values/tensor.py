@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._pytree import tree_leaves
 
+from ember import torch_compat
 from ember.capture import autocast
 from ember.capture.guards import GuardKind
 from ember.capture.shapes import SYM_TYPES
@@ -539,7 +540,7 @@ def _result_subclass(inputs: list[TensorValue]) -> type:
     for tensor in inputs:
         cls = tensor.python_cls
         override = getattr(cls, "__torch_function__", None)
-        if cls is torch.Tensor or override is torch._C._disabled_torch_function_impl:
+        if cls is torch.Tensor or override is torch_compat.disabled_torch_function:
             continue
         if found is torch.Tensor or (issubclass(cls, found) and cls is not found):
             found = cls
