@@ -22,6 +22,9 @@ exact, leave the rest to the meta kernels:
   *_like factories) the layout of a contiguous input; `same_size_expand` (to the sizes a
   tensor has) and `unsqueeze` follow torch's geometry rules; `full_index` (every dim
   indexed by an integer tensor) a contiguous tensor of the indices' broadcast shape.
+- `attention` (called by the capture for `F.scaled_dot_product_attention` itself, which
+  is composite: its ops never reach a dispatch mode as one): the math path's result, a
+  contiguous tensor of the query's leading sizes and the value's last.
 
 A shortcut's result is a fresh meta tensor of the recalled layout, or for a view op a view
 of the op's input, as the meta kernel's would be. tests/aot/test_aot_dynamic.py traces
@@ -488,6 +491,67 @@ def full_index(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
 
 
 _INDEX_DTYPES = (torch.int64, torch.int32)  # bool and uint8 masks go through nonzero
+
+
+def attention(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """`F.scaled_dot_product_attention` on symbolic layouts as torch's meta kernel gives it
+    (the math path, `softmax(q @ k^T * scale + mask) @ v`, whose last product is a bmm
+    viewed back: torch's contiguous strides): a new tensor of the query's leading sizes
+    and the value's last, in their dtype. GPT-2's attention took 60-120 ms through torch's
+    checks and the math path's decompositions on SymInts. Taken only where that needs no
+    guard and torch accepts the arguments: q, k, v of one floating dtype and one rank >= 3,
+    their batch sizes the same expressions, q's and k's last sizes and k's and v's
+    sequence sizes the same; a mask of bool or that dtype, of no higher rank, broadcasting
+    to (batch, L, S) with a literal 1 or the same expression per dim (a mask can widen the
+    result: left to the meta kernel); no dropout, no grouped heads, no mask with
+    `is_causal`. None otherwise."""
+    if not ENABLED:
+        return None
+    try:
+        q, k, v, mask, dropout_p, is_causal, scale, gqa = _attention_args(*args, **kwargs)
+    except TypeError:
+        return None
+    if not all(isinstance(t, torch.Tensor) and t.layout is torch.strided for t in (q, k, v)):
+        return None
+    rank, dtype = q.dim(), q.dtype
+    if rank < 3 or k.dim() != rank or v.dim() != rank or not dtype.is_floating_point:
+        return None
+    if k.dtype != dtype or v.dtype != dtype or dropout_p != 0.0 or gqa is not False:
+        return None
+    if not (scale is None or type(scale) in (int, float)) or type(is_causal) is not bool:
+        return None
+    qs, ks, vs = ([_sym(n) for n in t.shape] for t in (q, k, v))
+    if not qs[:-2] == ks[:-2] == vs[:-2] or qs[-1] != ks[-1] or ks[-2] != vs[-2]:
+        return None
+    if mask is not None:
+        if not isinstance(mask, torch.Tensor) or is_causal or mask.dim() > rank:
+            return None
+        if mask.dtype not in (torch.bool, dtype) or mask.layout is not torch.strided:
+            return None
+        scores = [*qs[:-1], ks[-2]]
+        if any(
+            e != 1 and e != scores[d]
+            for d, e in enumerate(map(_sym, mask.shape), start=rank - mask.dim())
+        ):
+            return None
+    size = (*q.shape[:-1], v.shape[-1])
+    stats["attention"] += 1
+    return _contiguous(size, dtype, (*q.shape, *v.shape, *v.stride()))
+
+
+def _attention_args(
+    query: Any,
+    key: Any,
+    value: Any,
+    attn_mask: Any = None,
+    dropout_p: Any = 0.0,
+    is_causal: Any = False,
+    scale: Any = None,
+    *,
+    enable_gqa: Any = False,
+) -> tuple:
+    """SDPA's arguments by its signature (a TypeError where they do not fit it)."""
+    return query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa
 
 
 _LIKE = (

@@ -90,10 +90,28 @@ def _symbolic(tree: Any) -> bool:
 
 def _run(kind: str, target: Any, args: list, kwargs: dict, symbolic: bool, env: Any) -> Any:
     if symbolic:  # C++ meta kernels want concrete sizes; their Python decompositions take SymInts
+        out = _function_shortcut(kind, target, args, kwargs) if env is not None else None
+        if out is not None:
+            return out
         mode = _Shortcuts(_symbolic_layouts(env)) if env is not None else None
         with python_dispatcher(), mode or contextlib.nullcontext():
             return without_dynamo(call_target, kind, target, args, kwargs)
     return without_dynamo(call_target, kind, target, args, kwargs)
+
+
+def _function_shortcut(kind: str, target: Any, args: list, kwargs: dict) -> Any:
+    """A composite torch function's symbolic result by a shape rule (symbolic_meta.py),
+    where its ops would reach `_Shortcuts` only one by one: SDPA's, when the result needs
+    no autograd history (else None: the meta kernel's result has that history)."""
+    if kind != "call_function" or target is not torch_compat.scaled_dot_product_attention:
+        return None
+    if torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (*args, *kwargs.values())
+    ):
+        return None
+    from ember.aot import symbolic_meta
+
+    return symbolic_meta.attention(tuple(args), kwargs)
 
 
 class _Shortcuts(TorchDispatchMode):
