@@ -14,7 +14,10 @@ shared):
 4. a loop over 64 sequence lengths of GPT-2 tiny (compile + run, automatic dynamic, empty
    caches): ember.compile and torch.compile with ember's backend against torch.compile
    (Inductor), graphs and total seconds (issue 13's goal: ember at most 1/10 of
-   torch.compile's); `--seq-loop` runs only this section;
+   torch.compile's); `--seq-loop` runs only this section. While other processes hold the
+   CPUs, the calls that do not compile are set by OpenMP threads spinning at region ends
+   (both stacks'; 3-10x slower than with `OMP_WAIT_POLICY=passive`, which the line names;
+   notes/backend.md, session 17);
 5. ember.compile's own capture (automatic dynamic) against torch.compile on a loop over the
    sizes of each workload: graphs and total seconds (compile + run).
 
@@ -376,7 +379,8 @@ def print_seq_loop(dynamo_backend: bool) -> None:
         f"{c['graphs'][1]} graphs ({t / e:.1f}x), max abs diff {c['diff']:.1e}\n"
         f"calls that compiled: ember {ce:.2f} s, torch.compile {ct:.2f} s; the other calls: "
         f"ember {e - ce:.2f} s, torch.compile {t - ct:.2f} s; eager over the loop "
-        f"{c['eager']:.2f} s; load average {os.getloadavg()[0]:.1f}"
+        f"{c['eager']:.2f} s; load average {os.getloadavg()[0]:.1f}; OMP_WAIT_POLICY "
+        f"{os.environ.get('OMP_WAIT_POLICY', 'unset')}"
     )
     if dynamo_backend:
         ember_s = seq_loop(ember.backend, SEQ_LENGTHS)

@@ -303,15 +303,35 @@ def pointwise(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
     if any(isinstance(a, SYM_TYPES) for a in (*args, *kwargs.values())):
         return None
     widest = max(tensors, key=lambda t: t.dim())
-    if not _canonical(widest):
-        return None
-    full = [_sym(s) for s in widest.shape]
+    size = list(widest.shape)
     for t in tensors:
-        for d, s in enumerate(t.shape, start=len(full) - t.dim()):
-            e = _sym(s)
-            if e != 1 and e != full[d]:
+        for d, s in enumerate(t.shape, start=len(size) - t.dim()):
+            e, have = _sym(s), _sym(size[d])
+            if e == 1 or e == have:
+                continue
+            if have != 1:
                 return None
-    return _shaped_like(widest, func, args, kwargs)
+            size[d] = s
+    if [_sym(s) for s in size] == [_sym(s) for s in widest.shape]:
+        return _shaped_like(widest, func, args, kwargs) if _canonical(widest) else None
+    return _mutually_broadcast(size, tensors, func, args, kwargs)
+
+
+def _mutually_broadcast(
+    size: list[Any], tensors: list[torch.Tensor], func: Any, args: tuple, kwargs: dict
+) -> torch.Tensor | None:
+    """An elementwise op on tensors with torch's contiguous strides none of which has the
+    broadcast shape (GPT-2's masks: `kv_idx <= q_idx` of (1, 1, 1, S) and (1, 1, L, 1)):
+    every operand is expanded (stride 0 where it broadcasts) and the output's dims keep
+    their order, so the result has the contiguous strides of the broadcast shape."""
+    if not all(_canonical(t) for t in tensors):
+        return None
+    dtype = _dtype_of(func, args, kwargs)
+    if dtype is None:
+        return None
+    operands = [v for t in tensors for v in (*t.shape, *t.stride())]
+    stats["mutually_broadcast"] += 1
+    return _contiguous(size, dtype, operands)
 
 
 _WHERE_SCALARS = (aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
@@ -346,14 +366,18 @@ def along_a_dim(func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
 
 def _shaped_like(t: torch.Tensor, func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
     """A tensor of `t`'s layout in the dtype `func` gives for these arguments, or None where
-    that dtype cannot be told (an unhashable argument, an op that rejects them)."""
+    that dtype cannot be told (see `_dtype_of`)."""
+    dtype = _dtype_of(func, args, kwargs)
+    return None if dtype is None else hollow_tensor(t.shape, t.stride(), dtype)
+
+
+def _dtype_of(func: Any, args: tuple, kwargs: dict) -> torch.dtype | None:
+    """The dtype `func` gives for these arguments, or None where that cannot be told (an
+    unhashable argument, an op that rejects them)."""
     try:
-        dtype = _result_dtype(func, _describe(args), _describe(kwargs))
+        return _result_dtype(func, _describe(args), _describe(kwargs))
     except TypeError:  # an unhashable argument
         return None
-    if dtype is None:
-        return None
-    return hollow_tensor(t.shape, t.stride(), dtype)
 
 
 def _describe(tree: Any) -> Any:

@@ -307,21 +307,66 @@ def _indexed(x, i, j):
 def test_full_index_shortcut_gives_the_meta_kernels_layouts(monkeypatch):
     """`full_index` gives every node the layout and dtype torch's meta kernel gives it, and
     every output is eager's."""
+
+    def inputs(n, m):
+        x = torch.randn(n, m)
+        i, j = torch.randint(0, n, (n,)), torch.randint(0, m, (m,))
+        return (x, i, j), {x: [0, 1], i: [0], j: [0]}
+
+    traced = _traced_with_and_without(monkeypatch, _indexed, inputs, ((3, 5), (4, 9)))
+    assert traced[True][1]["full_index"] >= 3
+    assert traced[True][0] == traced[False][0]
+
+
+def _traced_with_and_without(monkeypatch, fn, inputs, sizes) -> dict:
+    """{shortcuts on: (the recorded graphs' layouts, the shortcuts' stats)} for `fn`
+    compiled on the inputs of each (n, m) in `sizes` (`inputs(n, m)` -> arguments and the
+    dims to mark dynamic per tensor), every output compared with eager."""
     from ember.aot import symbolic_meta
 
     traced = {}
     for enabled in (True, False):
         rec, backend = _recording_trace(monkeypatch, enabled)
-        compiled = torch.compile(_indexed, backend=backend)
-        for n, m in ((3, 5), (4, 9)):
-            x = torch.randn(n, m)
-            i, j = torch.randint(0, n, (n,)), torch.randint(0, m, (m,))
-            torch._dynamo.mark_dynamic(x, [0, 1])
-            torch._dynamo.mark_dynamic(i, 0)
-            torch._dynamo.mark_dynamic(j, 0)
-            for got, want in zip(compiled(x, i, j), _indexed(x, i, j), strict=True):
+        compiled = torch.compile(fn, backend=backend)
+        for n, m in sizes:
+            args, dims = inputs(n, m)
+            for t, d in dims.items():
+                torch._dynamo.mark_dynamic(t, d)
+            for got, want in zip(compiled(*args), fn(*args), strict=True):
                 torch.testing.assert_close(got, want)
-        traced[enabled] = [_layouts(gm) for gm, _ in rec.graphs]
-        if enabled:
-            assert symbolic_meta.stats["full_index"] >= 3
-    assert traced[True] == traced[False]
+        traced[enabled] = ([_layouts(gm) for gm, _ in rec.graphs], dict(symbolic_meta.stats))
+    return traced
+
+
+def _broadcasts(x, i, j):
+    """Elementwise ops whose operands broadcast each other (none has the result's shape):
+    GPT-2's mask comparisons on index views, mixed ranks and dtypes, three operands; a
+    sliced operand (not contiguous: left to the meta kernel)."""
+    a, b = i[:, None], j[None, :]
+    return [
+        a <= b,
+        i[None, None, :, None] == j[None, None, None, :],
+        (a > 0) & (b > 0),
+        a + x[0],
+        x[:, None, :] * x[None, :, :].half(),
+        torch.where(a > 1, b, 0.5),
+        a * j,
+        x[:, :1] - x[:1, :],
+        (i[:, None, None] - j[None, :, None]).float().sum(-1),
+    ]
+
+
+@pytest.mark.parametrize("sizes", [((3, 5), (4, 9)), ((4, 4), (6, 6))])
+def test_mutually_broadcast_elementwise_ops_give_the_meta_kernels_layouts(monkeypatch, sizes):
+    """`pointwise` on operands that broadcast each other (`_mutually_broadcast`) gives every
+    node the layout and dtype torch's meta kernels give it, with distinct and with shared
+    size symbols, and every output is eager's."""
+
+    def inputs(n, m):
+        x, i, j = torch.randn(n, m), torch.arange(n) - 1, torch.arange(m) - 2
+        return (x, i, j), {x: [0, 1], i: [0], j: [0]}
+
+    traced = _traced_with_and_without(monkeypatch, _broadcasts, inputs, sizes)
+    assert traced[True][1]["mutually_broadcast"] >= 6
+    assert len(traced[True][0]) == 1
+    assert traced[True][0] == traced[False][0]
