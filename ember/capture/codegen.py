@@ -49,6 +49,7 @@ from ember.capture.values.iterators import LazyIterator
 from ember.capture.values.made_classes import MadeClassValue
 from ember.capture.values.modules import BornModuleValue, has_hooks
 from ember.capture.values.objects import CellValue, ModuleValue, UserObjectValue
+from ember.capture.values.reachability import CycleNotRebuilt
 from ember.capture.values.tensor import TensorValue
 from ember.distributed import data_parallel_call
 from ember.errors import BreakReason, Unsupported
@@ -77,7 +78,8 @@ class Emitter:
         self.output_index = harvest.output_index
         self._sizes = harvest.sizes
         self._built: dict[int, str] = {}
-        self._building: set[int] = set()
+        self._building: dict[int, Value] = {}
+        """The values being rebuilt, outermost first (a repeat is a cycle)."""
         self.site: BreakSite | None = None
         """The break this code is for: callbacks of iterators made again lazily go through
         ember as its callee does (`reconstruct_callback`)."""
@@ -130,15 +132,13 @@ class Emitter:
             self.cg.load_fast(self._built[key])
             return
         if key in self._building:  # it holds itself (a function whose attribute refers back)
-            raise Unsupported(
-                BreakReason.UNSUPPORTED_OBJECT,
-                f"{value.describe()} made during capture refers to itself: it cannot be rebuilt",
-            )
-        self._building.add(key)
+            chain = list(self._building.values())
+            raise CycleNotRebuilt(value, chain[chain.index(value) :])
+        self._building[key] = value
         try:
             value.reconstruct(self)
         finally:
-            self._building.discard(key)
+            del self._building[key]
         if _is_fresh_mutable(value):
             name = f"___tmp{len(self._built)}"
             self._built[key] = name

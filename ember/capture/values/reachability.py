@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ember.capture.values.iterators import GeneratorIterator
+from ember.errors import BreakReason, Unsupported
 
 if TYPE_CHECKING:
     from ember.capture.translator import Translator
+    from ember.capture.values.base import Value
 
 
 def reachable(roots: list[Any], wanted: list[Any]) -> list[Any]:
@@ -19,6 +20,7 @@ def reachable(roots: list[Any], wanted: list[Any]) -> list[Any]:
     any Value reachable through attributes, containers, cells or frames counts)."""
     from ember.capture.output_graph import OutputGraph
     from ember.capture.translator import CaptureContext, Translator
+    from ember.capture.values.iterators import GeneratorIterator
 
     skipped = (Translator, CaptureContext, OutputGraph)  # frames: by their contents only
 
@@ -50,6 +52,22 @@ def reachable(roots: list[Any], wanted: list[Any]) -> list[Any]:
     return found
 
 
+def note_cycle(tx: Translator, owner: Any, stored: list[Any]) -> None:
+    """Record (`owner.cycle_at`) the instruction at which storing `stored` into `owner`, a
+    value made in the trace, makes it refer to itself (`n.me = n`, `a.b = b; b.a = a`,
+    `lst.append(lst)`, `d["self"] = d`). Nothing is refused here: only if break code later
+    has to make it again does the capture run again and break there (codegen.py
+    CycleNotRebuilt), so a cycle that dies in the graph costs nothing."""
+    from ember.capture.values.base import ConstantValue
+    from ember.capture.values.tensor import TensorValue
+
+    if owner.cycle_at is not None or owner.source is not None:
+        return
+    holders = [v for v in stored if not isinstance(v, ConstantValue | TensorValue)]
+    if holders and reachable(holders, [owner]):
+        owner.cycle_at = tx.steps_before_current()
+
+
 def frame_contents(frame: Translator) -> list[Any]:
     return [frame.locals, frame.cells, frame.stack, frame.returned]
 
@@ -57,3 +75,19 @@ def frame_contents(frame: Translator) -> list[Any]:
 def _holder(obj: Any) -> bool:
     """An object of ember's own capture (a Value, a ledger record, a cell stand-in)."""
     return (type(obj).__module__ or "").startswith("ember.capture") and hasattr(obj, "__dict__")
+
+
+class CycleNotRebuilt(Unsupported):
+    """Break code would have to make values of the trace that refer to each other (`n.me =
+    n`, `lst.append(lst)`): `step` is the earliest instruction, recorded by `note_cycle`,
+    at which one of them closed the cycle (None if unknown), where a capture run again
+    breaks so that CPython makes it."""
+
+    def __init__(self, value: Value, members: list[Value]) -> None:
+        super().__init__(
+            BreakReason.UNSUPPORTED_OBJECT,
+            f"{value.describe()} made during capture refers to itself: it cannot be rebuilt",
+        )
+        self.value = value
+        steps = [m.cycle_at for m in members if m.cycle_at is not None]
+        self.step = min(steps) if steps else None
