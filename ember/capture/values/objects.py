@@ -615,14 +615,21 @@ class UserObjectValue(Value):
 def rebuild_object(cls: type, attrs: dict[str, Any]) -> Any:
     """Run-time half of reconstructing an object made during capture (no __init__ rerun:
     the captured __init__'s effects are exactly `attrs`)."""
+    return fill_object(empty_object(cls), attrs)
+
+
+def empty_object(cls: type) -> Any:
+    """An instance of `cls` without its `__init__` (nor a Python `__new__`, which ran in
+    the trace already: its effects are the attributes)."""
     from ember.capture.values.classes import plain_new
 
-    # a `__new__` written in Python ran in the trace already (its effects are `attrs`)
-    obj = (
-        object.__new__(cls)
-        if cls.__new__ is not object.__new__ and plain_new(cls)
-        else cls.__new__(cls)
-    )
+    if cls.__new__ is not object.__new__ and plain_new(cls):
+        return object.__new__(cls)
+    return cls.__new__(cls)
+
+
+def fill_object(obj: Any, attrs: dict[str, Any]) -> Any:
+    cls = type(obj)
     for name, value in attrs.items():
         if _is_slot(cls, name):  # `__slots__` storage, outside the instance dict
             object.__setattr__(obj, name, value)
