@@ -49,6 +49,7 @@ from ember.capture.values.iterators import LazyIterator
 from ember.capture.values.made_classes import MadeClassValue
 from ember.capture.values.modules import BornModuleValue, has_hooks
 from ember.capture.values.objects import CellValue, ModuleValue, UserObjectValue
+from ember.capture.values.reachability import CycleNotRebuilt, rebuild_in_two_steps
 from ember.capture.values.tensor import TensorValue
 from ember.distributed import data_parallel_call
 from ember.errors import BreakReason, Unsupported
@@ -77,7 +78,7 @@ class Emitter:
         self.output_index = harvest.output_index
         self._sizes = harvest.sizes
         self._built: dict[int, str] = {}
-        self._building: set[int] = set()
+        self._building: dict[int, Value] = {}  # being rebuilt, outermost first
         self.site: BreakSite | None = None
         """The break this code is for: callbacks of iterators made again lazily go through
         ember as its callee does (`reconstruct_callback`)."""
@@ -129,21 +130,23 @@ class Emitter:
         if key in self._built:
             self.cg.load_fast(self._built[key])
             return
-        if key in self._building:  # it holds itself (a function whose attribute refers back)
-            raise Unsupported(
-                BreakReason.UNSUPPORTED_OBJECT,
-                f"{value.describe()} made during capture refers to itself: it cannot be rebuilt",
-            )
-        self._building.add(key)
+        if key in self._building:  # a cycle of values made in one step each
+            raise CycleNotRebuilt(value, list(self._building.values()))
+        self._building[key] = value
         try:
-            value.reconstruct(self)
+            if rebuild_in_two_steps(self, value) is None:
+                value.reconstruct(self)
+                if _is_fresh_mutable(value):
+                    self.keep(value)
         finally:
-            self._building.discard(key)
-        if _is_fresh_mutable(value):
-            name = f"___tmp{len(self._built)}"
-            self._built[key] = name
-            self.cg.copy(1)
-            self.cg.store_fast(name)
+            del self._building[key]
+
+    def keep(self, value: Value) -> str:
+        """Store the value on top of the stack (left there) for later uses of it."""
+        name = self._built[id(value)] = f"___tmp{len(self._built)}"
+        self.cg.copy(1)
+        self.cg.store_fast(name)
+        return name
 
     def reconstruct_callback(self, value: Value) -> None:
         """A callback that CPython calls after the break (a rebuilt `map`'s function): a user

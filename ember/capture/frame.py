@@ -56,6 +56,7 @@ from ember.capture.values.functions import RealCell
 from ember.capture.values.inference_mode import grad_mode_outside_blocks
 from ember.capture.values.iterators import GeneratorNotRebuilt, SettleFailed, settle_iterators
 from ember.capture.values.objects import CellValue
+from ember.capture.values.reachability import CycleNotRebuilt
 from ember.distributed import active_ddp, split_at_buckets
 from ember.errors import BackendCompilerFailed, Unsupported
 
@@ -323,8 +324,10 @@ def _break_where_generators_are_made(root: Any, host: Any) -> Iterator[None]:
     is made, so that CPython makes it."""
     try:
         yield
-    except (GeneratorNotRebuilt, _BreakInCaller) as exc:
-        cause = exc if isinstance(exc, GeneratorNotRebuilt) else exc.__cause__
+    except (GeneratorNotRebuilt, CycleNotRebuilt, _BreakInCaller) as exc:
+        cause = exc if not isinstance(exc, _BreakInCaller) else exc.__cause__
+        if isinstance(cause, CycleNotRebuilt) and cause.step is not None:
+            raise _BreakAtCreation((cause.step, _cycle_reason(cause, host))) from exc
         if not isinstance(cause, GeneratorNotRebuilt):
             raise
         made_at = _made_at(cause.value, root)
@@ -510,6 +513,15 @@ def _check_resumable(tracer: Any) -> None:
             f"`with` on {manager.describe()}: ember captures the inside of context managers "
             "written in Python and of torch.autocast only",
         )
+
+
+def _cycle_reason(cause: CycleNotRebuilt, host: Any) -> Unsupported:
+    where = "" if host is None else f" and lives on past the graph break at {host.location()[0]}"
+    return Unsupported(
+        cause.reason,
+        f"this makes {cause.value.describe()} refer to itself{where}; break code cannot make "
+        "a cycle again: CPython makes it",
+    )
 
 
 def _settle_iterators(tracer: Any, live: list[Any], lazy: frozenset[int], root: Any) -> None:

@@ -44,6 +44,9 @@ _INPLACE_TO_PLAIN = {
     operator.irshift: operator.rshift,
 }
 
+_INPLACE_NAMES = {fn: f"__{fn.__name__}__" for fn in _INPLACE_TO_PLAIN}
+"""`operator.iadd` -> "__iadd__": the method an augmented assignment calls first."""
+
 _DUNDERS = {
     operator.add: ("__add__", "__radd__"),
     operator.sub: ("__sub__", "__rsub__"),
@@ -76,7 +79,7 @@ def apply(tx: Translator, fn: Any, args: list[Value]) -> Value:
         return _contains(tx, args[0], args[1])
     if fn is operator.getitem:
         return args[0].getitem(tx, index_key(tx, args[0], args[1]))
-    if any(isinstance(a, TensorValue) for a in args):
+    if any(isinstance(a, TensorValue) for a in args) and not _object_operator(fn, args):
         if fn in _INPLACE_TO_PLAIN and args[0].python_type() in (int, float, bool, complex):
             # `n += t` for a number n: numbers have no in-place form, so Python runs n + t
             # (T5's `relative_buckets = 0; relative_buckets += ...`)
@@ -95,6 +98,17 @@ def apply(tx: Translator, fn: Any, args: list[Value]) -> Value:
     if result is not None:
         return result
     return _dunder(tx, fn, args)
+
+
+def _object_operator(fn: Any, args: list[Value]) -> bool:
+    """The left operand is an object whose class writes the operator in Python (`acc +=
+    t` on an accumulator): its method runs, with the tensor as its argument."""
+    from ember.capture.values.objects import UserObjectValue, python_override
+
+    if not args or not isinstance(args[0], UserObjectValue):
+        return False
+    names = [_INPLACE_NAMES.get(fn), *(_DUNDERS.get(_INPLACE_TO_PLAIN.get(fn, fn)) or ())[:1]]
+    return any(name and python_override(args[0].cls, name) is not None for name in names)
 
 
 def index_key(tx: Translator, container: Value, key: Value) -> Value:
@@ -318,6 +332,13 @@ def _dunder(tx: Translator, fn: Any, args: list[Value]) -> Value:
         equal = _dunder(tx, operator.eq, args)
         if not (equal.is_constant() and equal.as_constant() is NotImplemented):
             return ConstantValue(not equal.truth(tx))
+    inplace = _INPLACE_NAMES.get(fn)
+    if inplace and isinstance(args[0], UserObjectValue):
+        method = args[0].type_method(tx, inplace)  # `x += y` tries `__iadd__` first
+        if method is not None:
+            result = method.call(tx, args[1:], {})
+            if not _not_implemented(result):
+                return result
     if names and isinstance(args[0], UserObjectValue):
         result = args[0].getattr(tx, names[0]).call(tx, args[1:], {})
         if not (plain in (operator.eq, operator.ne) and _not_implemented(result)):

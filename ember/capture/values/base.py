@@ -106,6 +106,12 @@ def next_serial() -> int:
 
 class Value:
     source: Source | None = None
+    cycle_at: int | None = None
+    """The step of the instruction at which this value, made in the trace, came to refer to
+    itself (values/reachability.py `note_cycle`): where a capture run again breaks when
+    break code would have to make it (a cycle cannot be rebuilt)."""
+    in_cycle: bool = False
+    """It may be a member of a cycle: break code makes it in two steps where it can."""
     serial: int
     """When the value was made, in capture order: a higher-order op's body may change
     only values made after it began (side_effects.SideEffects.fence)."""

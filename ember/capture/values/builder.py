@@ -137,6 +137,14 @@ class ValueBuilder:
         self._real[id(result)] = (result, value)
         return result
 
+    def _early(self, value: Any, result: Value) -> Any:
+        """`result`, the value of `value`, known before its items are wrapped: a container
+        that holds itself (`lst.append(lst)`, alive at a break) then finds itself, and the
+        item's guard is that it *is* the container (SAME_OBJECT)."""
+        self._by_id[id(value)] = result
+        self._real[id(result)] = (result, value)
+        return result
+
     def tracked(self, value: Any) -> Value | None:
         """The symbolic value the trace already holds for this object, if any."""
         return self._by_id.get(id(value))
@@ -226,9 +234,9 @@ class ValueBuilder:
             return TupleValue(items, source, struct_type=struct)
         if type(value) is list:
             guards.add(GuardKind.LENGTH_MATCH, source, (list, len(value)))
-            return ListValue(
-                [self.wrap(v, ItemSource(source, i)) for i, v in enumerate(value)], source
-            )
+            result = self._early(value, ListValue([], source))  # it may hold itself
+            result.items = [self.wrap(v, ItemSource(source, i)) for i, v in enumerate(value)]
+            return result
         if isinstance(value, dict | types.MappingProxyType):
             result = self._wrap_dict(value, source)
             if result is not None:
@@ -284,6 +292,10 @@ class ValueBuilder:
             else:
                 return None
         self.ctx.guards.add(GuardKind.DICT_KEYS, source, (cls, list(value)))
+        if cls in (dict, collections.OrderedDict):  # it may hold itself
+            result = self._early(value, DictValue({}, source, dict_type=cls))
+            result.items = {keys[k]: self.wrap(v, ItemSource(source, k)) for k, v in value.items()}
+            return result
         items = {keys[k]: self.wrap(v, ItemSource(source, k)) for k, v in value.items()}
         if cls is collections.defaultdict:
             from ember.capture.values.collection_types import DefaultDictValue

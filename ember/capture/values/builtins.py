@@ -728,6 +728,7 @@ for _fn in (torch.compiler.is_exporting, torch.jit.is_scripting, torch.jit.is_tr
 def _object_new(tx, args, kwargs):
     """`object.__new__(cls)` (`cls.__new__(cls)` of a plain class): an instance whose
     `__init__` has not run. Builtin bases with state of their own are refused."""
+    from ember.capture.values.classes import plain_new
     from ember.capture.values.objects import UserObjectValue
 
     cls = args[0].as_constant() if args else None
@@ -736,7 +737,7 @@ def _object_new(tx, args, kwargs):
         or len(args) != 1
         or kwargs
         or issubclass(cls, torch.nn.Module)
-        or any(k.__new__ is not object.__new__ for k in cls.__mro__ if "__new__" in k.__dict__)
+        or not plain_new(cls)
         or not hasattr(cls, "__dict__")
     ):
         raise Unsupported(BreakReason.UNSUPPORTED_CALL, "object.__new__ with these arguments")

@@ -178,9 +178,17 @@ class ClassValue(Value):
                 object.__new__(cls)  # raises CPython's own TypeError, and runs no user code
             except TypeError as exc:
                 raise FoldingRaised(exc, f"TypeError: {exc}") from None
-        if cls.__new__ is not object.__new__ or not isinstance(cls.__init__, types.FunctionType):
-            if cls.__init__ is not object.__init__:
-                raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"constructing {cls.__qualname__}")
+        if issubclass(cls, torch.nn.Parameter):  # as Dynamo (graph_break_on_nn_param_ctor)
+            raise Unsupported(
+                BreakReason.UNSUPPORTED_CALL,
+                f"{cls.__qualname__}(...) made in the trace: a new leaf tensor that requires "
+                "grad, which a graph cannot make",
+                hint="make parameters in __init__",
+            )
+        if cls.__new__ is not object.__new__:
+            return self._construct_with_new(tx, args, kwargs)
+        if not isinstance(cls.__init__, types.FunctionType) and cls.__init__ is not object.__init__:
+            raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"constructing {cls.__qualname__}")
         obj = UserObjectValue(cls)
         if cls.__init__ is not object.__init__:
             UserFunctionValue(cls.__init__).call(tx, [obj, *args], kwargs)
@@ -189,6 +197,41 @@ class ClassValue(Value):
                 BreakReason.EXCEPTION_RAISED, f"TypeError: {cls.__name__}() takes no arguments"
             )
         return obj
+
+    def _construct_with_new(
+        self, tx: Translator, args: list[Value], kwargs: dict[str, Value]
+    ) -> Value:
+        """A class whose `__new__` is written in Python over object's (a cache, a
+        singleton, a validated constructor): `__new__` traced, then `__init__` if what it
+        made is an instance of the class, as `type.__call__` does."""
+        cls = self.cls
+        if not isinstance(cls.__new__, types.FunctionType) or not plain_new(cls):
+            raise Unsupported(
+                BreakReason.UNSUPPORTED_CALL,
+                f"constructing {cls.__qualname__}, a class with its own __new__",
+            )
+        made = UserFunctionValue(cls.__new__).call(tx, [self, *args], kwargs)
+        init = cls.__init__
+        if not isinstance(made, UserObjectValue) or not issubclass(made.cls, cls):
+            return made  # not an instance: no __init__ (type.__call__'s rule)
+        if isinstance(init, types.FunctionType):
+            UserFunctionValue(init).call(tx, [made, *args], kwargs)
+        elif init is not object.__init__:
+            raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"constructing {cls.__qualname__}")
+        return made
+
+
+def plain_new(cls: type) -> bool:
+    """Whether every `__new__` of `cls`'s MRO is written in Python but object's: an
+    instance is then made by `object.__new__(cls)` (in the trace, and when break code makes
+    it again without running the Python ones)."""
+    for klass in cls.__mro__:
+        new = klass.__dict__.get("__new__")
+        if new is None or klass is object:
+            continue
+        if not (isinstance(new, staticmethod) and isinstance(new.__func__, types.FunctionType)):
+            return False
+    return True
 
 
 _DEPRECATED_AUTOCASTS = (torch.cpu.amp.autocast, torch.cuda.amp.autocast)

@@ -232,19 +232,22 @@ class ListValue(SequenceValue):
     def python_type(self) -> type:
         return self.list_type
 
-    def _mutate(self, tx: Translator) -> None:
+    def _mutate(self, tx: Translator, stored: list[Value] = ()) -> None:
         tx.ctx.effects.mutated(self)
+        if stored:
+            _note_cycle(tx, self, list(stored))
 
     def call_method(self, tx: Translator, name: str, args: list[Value], kwargs: dict) -> Value:
         items = self.items
         if name == "append":
-            self._mutate(tx)
+            self._mutate(tx, args[:1])
             items.append(args[0])
         elif name == "extend":
-            self._mutate(tx)
-            items.extend(args[0].iterate(tx))
+            added = args[0].iterate(tx)
+            self._mutate(tx, added)
+            items.extend(added)
         elif name == "insert":
-            self._mutate(tx)
+            self._mutate(tx, args[1:2])
             items.insert(args[0].as_constant(), args[1])
         elif name == "pop":
             self._mutate(tx)
@@ -279,9 +282,10 @@ class ListValue(SequenceValue):
 
     def setitem(self, tx: Translator, key: Value, value: Value) -> None:
         index = _index(tx, key)
-        self._mutate(tx)
+        stored = value.iterate(tx) if isinstance(index, slice) else [value]
+        self._mutate(tx, stored)
         if isinstance(index, slice):
-            self.items[index] = value.iterate(tx)
+            self.items[index] = stored
         else:
             self.items[index] = value
 
@@ -442,6 +446,7 @@ class DictValue(Value):
         self._writable()
         k = self._key(key, tx)
         tx.ctx.effects.mutated(self)
+        _note_cycle(tx, self, [value])
         self.items[k] = value
 
     def delitem(self, tx: Translator, key: Value) -> None:
@@ -498,11 +503,14 @@ class DictValue(Value):
         if name == "update":
             if args:
                 for k, v in _pairs(tx, args[0]):
+                    _note_cycle(tx, self, [v])
                     items[k if not isinstance(k, Value) else self._key(k, tx)] = v
+            _note_cycle(tx, self, list(kwargs.values()))
             items.update(kwargs)
             return ConstantValue(None)
         if name == "setdefault":
             default = args[1] if len(args) > 1 else ConstantValue(None)
+            _note_cycle(tx, self, [default])
             return items.setdefault(self._key(args[0], tx), default)
         if name == "pop":
             k = self._key(args[0], tx)
@@ -772,3 +780,11 @@ def _is_opaque_generator(value: Value) -> bool:
     from ember.capture.values.builder import OpaqueValue
 
     return isinstance(value, OpaqueValue) and value.cls is types.GeneratorType
+
+
+def _note_cycle(tx: Translator, owner: Value, stored: list[Value]) -> None:
+    """values/reachability.py `note_cycle` (imported late: it imports the iterators, which
+    import this module)."""
+    from ember.capture.values.reachability import note_cycle
+
+    note_cycle(tx, owner, stored)

@@ -69,6 +69,7 @@ class UserFunctionValue(Value):
         return self.fn
 
     def call(self, tx: Translator, args: list[Value], kwargs: dict[str, Value]) -> Value:
+        from ember.capture.values.built_modules import module_init
         from ember.capture.values.compiler import is_constant_result, runs_in_python
 
         fn = self.fn
@@ -83,6 +84,8 @@ class UserFunctionValue(Value):
             raise exc
         if is_constant_result(fn):
             return _constant_result(tx, fn, args, kwargs)
+        if module_init(tx, fn, args, kwargs):
+            return ConstantValue(None)
         source = self.source or ConstSource(fn, _name(fn))
         defaults = GuardedDefaults(tx, fn, source)
         kwdefaults = GuardedKwDefaults(tx, fn, source)

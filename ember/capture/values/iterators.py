@@ -21,7 +21,7 @@ import types
 from typing import TYPE_CHECKING, Any
 
 from ember.capture.output_graph import draws_random
-from ember.capture.values.base import ConstantValue, Value
+from ember.capture.values.base import ConstantValue, FoldingRaised, Value
 from ember.capture.values.containers import IteratorValue, TupleValue, iterator_over
 from ember.errors import BreakReason, Unsupported
 
@@ -230,14 +230,17 @@ class ZipIterator(LazyIterator):
         """zip(strict=True): the first source to end must end them all (CPython pulls once
         more from each of the later ones to see)."""
         if ended > 0:
-            raise Unsupported(
-                BreakReason.EXCEPTION_RAISED, f"zip() argument {ended + 1} is shorter than 1"
-            )
+            raise _zip_mismatch(ended + 1, "shorter")
         for i, source in enumerate(self.sources[1:], start=2):
             if source.next(tx) is not None:
-                raise Unsupported(
-                    BreakReason.EXCEPTION_RAISED, f"zip() argument {i} is longer than 1"
-                )
+                raise _zip_mismatch(i, "longer")
+
+
+def _zip_mismatch(position: int, how: str) -> FoldingRaised:
+    """CPython's ValueError of zip(strict=True) (a handler of the trace may catch it)."""
+    before = "argument 1" if position == 2 else f"arguments 1-{position - 1}"
+    error = ValueError(f"zip() argument {position} is {how} than {before}")
+    return FoldingRaised(error, f"ValueError: {error}")
 
 
 class ZipLongestIterator(LazyIterator):

@@ -9,9 +9,10 @@ a forward, `layers[1:]` of a Sequential) is a new object on every eager call, so
 its identity would fail on every call: T5 and BERT training recompiled until the limit. Such
 a `BornModuleValue` carries the recipe that makes it (its class and constant arguments, or
 the container and the slice) and is rebuilt from it only if it escapes the graph. Its
-children, for a slice, are the parent's children with their own guarded sources. Modules
-made with parameters or buffers are refused: eager would draw new random weights on every
-call.
+children, for a slice, are the parent's children with their own guarded sources. A module
+made with buffers, or of a class whose `__init__` is not torch's (it may print, count,
+append), has its constructor traced instead (values/built_modules.py); one made with
+parameters is refused (a break, as under Dynamo): eager draws new leaf tensors on every call.
 """
 
 from __future__ import annotations
@@ -26,6 +27,12 @@ from torch.nn.modules import module as nn_module
 from ember.capture.guards import GuardKind
 from ember.capture.sources import AttrSource, ForeignGlobalSource
 from ember.capture.values.base import ConstantValue, Value
+from ember.capture.values.built_modules import (
+    BuiltModuleValue,
+    build_module,
+    no_global_hooks,
+    runs_user_code,
+)
 from ember.capture.values.containers import DictValue, SequenceValue, TupleValue
 from ember.capture.values.functions import BoundMethodValue, UserFunctionValue
 from ember.capture.values.objects import ModuleValue, _class_attribute
@@ -99,6 +106,8 @@ def call_module(tx: Translator, value: ModuleValue, args: list[Value], kwargs: d
     if not has_forward_hooks(m) and not _hooks_changed_in_trace(tx, m):
         if value.source is not None:
             tx.ctx.guards.add(GuardKind.NO_HOOKS, value.source)
+        else:  # made in the trace (no hooks of its own): global hooks would run too
+            no_global_hooks(tx)
         return forward.call(tx, args, kwargs)
     hooks = _hook_tables(tx, value)
     with_kwargs = hooks["_forward_pre_hooks_with_kwargs"]
@@ -326,11 +335,15 @@ def _leaves(value: Value) -> list[Value]:
 
 
 def construct_module(tx: Translator, cls: type, args: list[Value], kwargs: dict) -> Value:
-    """`cls(...)` for an nn.Module class in the traced code: built now from constant
-    arguments and modules made in the trace (a loss, an activation, a container of such);
-    refused when it holds parameters or buffers (made at random on every eager call) or
-    needs values known only at run time."""
+    """`cls(...)` for an nn.Module class in the traced code: a torch class is built now from
+    constant arguments and modules made in the trace (a loss, an activation, a container of
+    such); refused when it holds parameters (made at random on every eager call) or needs
+    values known only at run time. A class of the user's, one holding buffers, or a
+    container of modules whose constructor the trace ran, is built by tracing its
+    constructor (values/built_modules.py)."""
     given = [leaf for a in [*args, *kwargs.values()] for leaf in _leaves(a)]
+    if runs_user_code(cls) or any(isinstance(a, BuiltModuleValue) for a in given):
+        return build_module(tx, cls, args, kwargs)
     if not all(isinstance(a, BornModuleValue) or a.is_constant() for a in given):
         raise Unsupported(
             BreakReason.UNSUPPORTED_CALL,
@@ -356,12 +369,14 @@ def construct_module(tx: Translator, cls: type, args: list[Value], kwargs: dict)
         raise Unsupported(
             BreakReason.EXCEPTION_RAISED, f"{cls.__name__}(...) raised {type(exc).__name__}"
         ) from exc
-    if any(True for _ in module.parameters()) or any(True for _ in module.buffers()):
+    if any(True for _ in module.parameters()):
         raise Unsupported(
             BreakReason.UNSUPPORTED_CALL,
             f"creating module {cls.__name__} with parameters or buffers inside the trace",
             hint="create the module in __init__ and reuse it",
         )
+    if any(True for _ in module.buffers()):  # new tensors on every call: traced
+        return build_module(tx, cls, args, kwargs)
     born = BornModuleValue(module, (cls, list(args), dict(kwargs)))
     passed = {id(a.module): a for a in given if isinstance(a, BornModuleValue)}
     for key, child in module._modules.items():

@@ -29,6 +29,7 @@ from ember.capture.sources import (
 from ember.capture.values.base import ConstantValue, MissingAttribute, Value
 from ember.capture.values.containers import DictValue
 from ember.capture.values.functions import BoundMethodValue, UserFunctionValue
+from ember.capture.values.reachability import note_cycle
 from ember.errors import BreakReason, Unsupported
 
 if TYPE_CHECKING:
@@ -507,6 +508,7 @@ class UserObjectValue(Value):
             break
         if self.is_new:
             tx.ctx.effects.touch(self)
+            note_cycle(tx, self, [value])
             self.attrs[name] = value
         else:
             _refuse_after_whole_dict_read(self, name)
@@ -613,7 +615,21 @@ class UserObjectValue(Value):
 def rebuild_object(cls: type, attrs: dict[str, Any]) -> Any:
     """Run-time half of reconstructing an object made during capture (no __init__ rerun:
     the captured __init__'s effects are exactly `attrs`)."""
-    obj = cls.__new__(cls)
+    return fill_object(empty_object(cls), attrs)
+
+
+def empty_object(cls: type) -> Any:
+    """An instance of `cls` without its `__init__` (nor a Python `__new__`, which ran in
+    the trace already: its effects are the attributes)."""
+    from ember.capture.values.classes import plain_new
+
+    if cls.__new__ is not object.__new__ and plain_new(cls):
+        return object.__new__(cls)
+    return cls.__new__(cls)
+
+
+def fill_object(obj: Any, attrs: dict[str, Any]) -> Any:
+    cls = type(obj)
     for name, value in attrs.items():
         if _is_slot(cls, name):  # `__slots__` storage, outside the instance dict
             object.__setattr__(obj, name, value)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ember.capture.values.base import Value
+from ember.capture.values.built_modules import BuiltModuleValue
 from ember.capture.values.functions import BoundMethodValue, UserFunctionValue
 from ember.capture.values.objects import BuiltinMethodValue
 from ember.errors import BreakReason, Unsupported
@@ -47,8 +48,12 @@ class SuperValue(Value):
                         if run_ahead is not None:
                             return run_ahead
                     return BoundMethodValue(UserFunctionValue(attr), self.obj)
+                if attr is torch.nn.Module.__init__ and isinstance(self.obj, BuiltModuleValue):
+                    return BoundMethodValue(UserFunctionValue(attr), self.obj)  # modelled
                 if attr is object.__init__ or attr is torch.nn.Module.__init__:
                     return BuiltinMethodValue(object.__init__, self.obj)
+                if name == "__new__" and attr is object.__new__:  # in a Python `__new__`
+                    return tx.ctx.builder.wrap_const(object.__new__)
                 if isinstance(attr, property):
                     return UserFunctionValue(attr.fget).call(tx, [self.obj], {})
                 if isinstance(attr, staticmethod) and isinstance(attr.__func__, types.FunctionType):
