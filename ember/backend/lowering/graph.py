@@ -21,6 +21,7 @@ from ember.backend.ir.nodes import DType, Size
 from ember.backend.lowering import (  # noqa: F401  (registers lowerings)
     fallback,
     layout,
+    losses,
     norms,
     pointwise,
     pooling,
