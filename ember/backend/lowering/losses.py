@@ -127,4 +127,3 @@ def _nll_loss_backward(
         return cast(v, out)
 
     return LazyValue(x.size, out, load)
-
