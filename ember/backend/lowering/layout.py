@@ -46,6 +46,7 @@ import torch
 from ember import config, logs
 from ember.aot.convolution import eager_memory_format
 from ember.backend.ir.nodes import ExternKind, contiguous_strides
+from ember.backend.lowering import strided_conv
 from ember.backend.lowering.fallback import extern
 from ember.backend.lowering.registry import LowerCtx, register
 from ember.backend.lowering.values import BufferValue, LazyValue, Value
@@ -361,7 +362,16 @@ def _times(x_shape, w_shape, b_shape, params, dtype, threads) -> tuple[float, fl
 def _convolution(ctx: LowerCtx, x: Value, weight: Value, *rest: Any) -> Any:
     """The library call, with a 4-d input brought into the memory format of the result the
     lowering expects (eager's, or channels-last where the plan chose it): an NCHW input of
-    a channels-last convolution is copied once, a lazy one written channels-last."""
+    a channels-last convolution is copied once, a lazy one written channels-last. A 1x1
+    convolution with a stride runs on the subsampled input (strided_conv.py)."""
+    bias, stride, padding, dilation, transposed, out_pad, groups = rest
+    if strided_conv.applies(x, weight, stride, padding, transposed):
+        out = ctx.meta
+        cl = not same_strides(out.shape, out.stride(), contiguous_strides(tuple(out.shape)))
+        sub = strided_conv.subsampled(ctx, x, stride, cl)
+        one, zero = [1] * len(stride), [0] * len(stride)
+        args = (sub, weight, bias, one, zero, one, False, zero, groups)
+        return extern(ctx, aten.convolution.default, args, {}, ExternKind.LIBRARY)
     want = _strides_for(x, ctx.meta)
     if want is not None and not (
         isinstance(x, BufferValue) and same_strides(x.size, x.layout.stride, want)
