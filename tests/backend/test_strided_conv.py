@@ -44,7 +44,7 @@ def _strided_calls(arts) -> list[str]:
 
 @pytest.mark.parametrize("stride", [(2, 2), (3, 2), (1, 2)], ids=str)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
-def test_downsampling_block_training_steps(stride, dtype):
+def test_downsampling_block_training_steps(stride, dtype, wrapper_calls):
     torch.manual_seed(0)
     model = Shortcut(stride).to(dtype)
     arts = _train_steps(model, torch.randn(3, 4, 9, 10, dtype=dtype), steps=3, dtype=dtype)
@@ -52,14 +52,17 @@ def test_downsampling_block_training_steps(stride, dtype):
     # only the 3x3 convolution keeps its stride (its forward and its backward)
     assert all(str(list(stride)) in c for c in strided)
     assert len(strided) == 2, strided
+    assert wrapper_calls["copies"] == 0  # the library results come in the planned strides
 
 
 @pytest.mark.parametrize("groups,bias", [(2, True), (1, True), (4, False)])
-def test_groups_bias_channels_last(groups, bias):
+def test_groups_bias_channels_last(groups, bias, wrapper_calls):
     torch.manual_seed(0)
     model = Shortcut((2, 2), groups, bias).to(memory_format=torch.channels_last)
     x = torch.randn(2, 4, 7, 8).contiguous(memory_format=torch.channels_last)
     _train_steps(model, x, steps=2, dtype=torch.float32)
+    assert wrapper_calls["copies"] == 0
+    assert "channels_last" in wrapper_calls["conv_inputs"]
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
