@@ -27,6 +27,7 @@ from ember.backend.lowering import (  # noqa: F401  (registers lowerings)
     pooling,
     reductions,
     scatter,
+    strided_conv,
     views,
 )
 from ember.backend.lowering.registry import LOWERINGS, LowerCtx, NotLowered

@@ -46,7 +46,6 @@ import torch
 from ember import config, logs
 from ember.aot.convolution import eager_memory_format
 from ember.backend.ir.nodes import ExternKind, contiguous_strides
-from ember.backend.lowering import strided_conv
 from ember.backend.lowering.fallback import extern
 from ember.backend.lowering.registry import LowerCtx, register
 from ember.backend.lowering.values import BufferValue, LazyValue, Value
@@ -364,10 +363,11 @@ def _convolution(ctx: LowerCtx, x: Value, weight: Value, *rest: Any) -> Any:
     lowering expects (eager's, or channels-last where the plan chose it): an NCHW input of
     a channels-last convolution is copied once, a lazy one written channels-last. A 1x1
     convolution with a stride runs on the subsampled input (strided_conv.py)."""
+    from ember.backend.lowering import strided_conv  # it imports this module's helpers
+
     bias, stride, padding, dilation, transposed, out_pad, groups = rest
     if strided_conv.applies(x, weight, stride, padding, transposed):
-        out = ctx.meta
-        cl = not same_strides(out.shape, out.stride(), contiguous_strides(tuple(out.shape)))
+        cl = strided_conv.channels_last(tuple(ctx.meta.shape), ctx.meta.stride())
         sub = strided_conv.subsampled(ctx, x, stride, cl)
         one, zero = [1] * len(stride), [0] * len(stride)
         args = (sub, weight, bias, one, zero, one, False, zero, groups)

@@ -35,6 +35,7 @@ from ember.backend.ir.nodes import BinaryOp as B
 from ember.backend.ir.nodes import DType, ExternKind, contiguous_strides
 from ember.backend.lowering import pointwise as pw
 from ember.backend.lowering.fallback import extern
+from ember.backend.lowering.layout import channels_last_strides, same_strides
 from ember.backend.lowering.registry import LowerCtx, register
 from ember.backend.lowering.values import BufferValue, LazyValue, Value
 
@@ -55,22 +56,13 @@ def applies(x: Value, weight: Value, stride: Any, padding: Any, transposed: bool
     )
 
 
-def _cl_strides(size: tuple[int, ...]) -> tuple[int, ...]:
-    _, c, h, w = size
-    return (h * w * c, 1, w * c, c)
+def channels_last(size: tuple[int, ...], stride: Any) -> bool:
+    """Whether `stride` lays out `size` channels-last and not also NCHW (one channel)."""
+    cl = same_strides(size, stride, channels_last_strides(size))
+    return cl and not same_strides(size, stride, contiguous_strides(size))
 
 
-def _channels_last(x: Value) -> bool:
-    if not isinstance(x, BufferValue):
-        return False
-    size, stride = x.size, tuple(x.layout.stride)
-    want = _cl_strides(size)
-    plain = contiguous_strides(size)
-    cl = all(s == 1 or a == b for s, a, b in zip(size, stride, want, strict=True))
-    return cl and not all(s == 1 or a == b for s, a, b in zip(size, stride, plain, strict=True))
-
-
-def subsampled(ctx: LowerCtx, x: Value, stride: Any, channels_last: bool) -> BufferValue:
+def subsampled(ctx: LowerCtx, x: Value, stride: Any, cl: bool) -> BufferValue:
     """x[..., ::s0, ::s1], written dense (channels-last or NCHW)."""
     n, c, h, w = x.size
     s0, s1 = stride
@@ -79,7 +71,7 @@ def subsampled(ctx: LowerCtx, x: Value, stride: Any, channels_last: bool) -> Buf
     def load(idx):
         return x.load([idx[0], idx[1], idx[2] * s0, idx[3] * s1])
 
-    strides = _cl_strides(size) if channels_last else contiguous_strides(size)
+    strides = channels_last_strides(size) if cl else contiguous_strides(size)
     return ctx.builder.realize(LazyValue(size, x.dtype, load), strides)
 
 
@@ -120,7 +112,10 @@ def _convolution_backward(
     if not applies(x, weight, stride, padding, transposed):
         return extern(ctx, op, args, {}, ExternKind.FALLBACK)
     gi_meta = ctx.meta[0]
-    cl = _channels_last(x) if gi_meta is None else _meta_channels_last(gi_meta)
+    if gi_meta is not None:
+        cl = channels_last(tuple(gi_meta.shape), gi_meta.stride())
+    else:
+        cl = isinstance(x, BufferValue) and channels_last(x.size, x.layout.stride)
     sub = subsampled(ctx, x, stride, cl)
     one = [1] * len(stride)
     zero = [0] * len(stride)
@@ -135,10 +130,3 @@ def _convolution_backward(
     if gi_meta is not None:
         result[0] = _placed(result[0], tuple(x.size), stride)
     return result
-
-
-def _meta_channels_last(m: torch.Tensor) -> bool:
-    size = tuple(m.shape)
-    cl = all(s == 1 or a == b for s, a, b in zip(size, m.stride(), _cl_strides(size)))
-    plain = all(s == 1 or a == b for s, a, b in zip(size, m.stride(), contiguous_strides(size)))
-    return cl and not plain
