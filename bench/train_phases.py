@@ -6,8 +6,9 @@ one sweep model (ember/testing/models.py) in one process, blocks alternated.
 
 Per variant and phase: min / median over blocks of the process CPU time per step (one
 thread: what a step costs on a machine other jobs load, BENCHMARKING.md). Variants:
-`eager`, `inductor`, `ember`, and `ember_cl` (ember compiled under
-EMBER_CONV_LAYOUT=channels_last: training graphs traced channels-last, aot/channels_last.py).
+`eager`, `inductor`, `ember`, `ember_cl` (ember compiled under
+EMBER_CONV_LAYOUT=channels_last: training graphs traced channels-last, aot/channels_last.py)
+and `ember_nchw` (under EMBER_CONV_LAYOUT=eager: every graph in eager's layout).
 Which phase trails is what the sweep's one number per row (bench/models.py) cannot say.
 
 Each ember variant's copy of the model gets a forward with its own code object: capture's
@@ -60,7 +61,9 @@ def _variant(base: torch.nn.Module, inputs: dict, name: str) -> Any:
         opt.zero_grad(set_to_none=True)
         return t1 - t0, t2 - t1, clock() - t2
 
-    layout = "channels_last" if name == "ember_cl" else config.current().conv_layout
+    layout = {"ember_cl": "channels_last", "ember_nchw": "eager"}.get(
+        name, config.current().conv_layout
+    )
     with config.patch(conv_layout=layout):  # compiled on the first calls
         for _ in range(3):
             step()
