@@ -6,9 +6,15 @@ one sweep model (ember/testing/models.py) in one process, blocks alternated.
 
 Per variant and phase: min / median over blocks of the process CPU time per step (one
 thread: what a step costs on a machine other jobs load, BENCHMARKING.md). Variants:
-`eager`, `inductor`, `ember`, and `ember_cl` (ember compiled under
-EMBER_CONV_LAYOUT=channels_last: training graphs traced channels-last, aot/channels_last.py).
+`eager`, `inductor`, `ember`, `ember_cl` (ember compiled under
+EMBER_CONV_LAYOUT=channels_last: training graphs traced channels-last, aot/channels_last.py)
+and `ember_nchw` (under EMBER_CONV_LAYOUT=eager: every graph in eager's layout).
 Which phase trails is what the sweep's one number per row (bench/models.py) cannot say.
+
+Each ember variant's copy of the model gets a forward with its own code object: capture's
+cache is keyed by code, and its guards do not tell two copies of one model apart, so a
+second `ember.compile` of a copy would otherwise run the first copy's compiled graphs
+(before session 17, `ember_cl` listed after `ember` timed ember's NCHW graphs).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import copy
 import statistics
 import sys
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +46,7 @@ def _variant(base: torch.nn.Module, inputs: dict, name: str) -> Any:
     if name == "inductor":
         call = torch.compile(model)
     elif call is None:
+        _own_code(model, name)
         call = ember.compile(model)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     clock = time.process_time
@@ -53,11 +61,22 @@ def _variant(base: torch.nn.Module, inputs: dict, name: str) -> Any:
         opt.zero_grad(set_to_none=True)
         return t1 - t0, t2 - t1, clock() - t2
 
-    layout = "channels_last" if name == "ember_cl" else config.current().conv_layout
+    layout = {"ember_cl": "channels_last", "ember_nchw": "eager"}.get(
+        name, config.current().conv_layout
+    )
     with config.patch(conv_layout=layout):  # compiled on the first calls
         for _ in range(3):
             step()
     return step
+
+
+def _own_code(model: torch.nn.Module, tag: str) -> None:
+    """`model.forward` as a function of its own code object (named after `tag`)."""
+    f = type(model).forward
+    code = f.__code__.replace(co_name=f"{f.__code__.co_name}_{tag}")
+    g = types.FunctionType(code, f.__globals__, code.co_name, f.__defaults__, f.__closure__)
+    g.__kwdefaults__ = f.__kwdefaults__
+    model.forward = types.MethodType(g, model)
 
 
 def main() -> None:

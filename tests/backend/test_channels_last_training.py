@@ -116,9 +116,9 @@ def test_input_that_needs_grad_is_not_converted(wrapper_calls):
 
 
 def test_auto_keeps_training_graphs_nchw(caplog, wrapper_calls):
-    """EMBER_CONV_LAYOUT=auto (the default) keeps training graphs in eager's layout (the
-    batch norms' channels-last kernels cost what the convolutions gain, layout.py
-    `channels_last_training`); the forced choice is logged."""
+    """EMBER_CONV_LAYOUT=auto (the default) keeps training graphs without depthwise
+    convolutions in eager's layout (the batch norms' channels-last kernels cost what the
+    convolutions gain, layout.py `channels_last_training`); the forced choice is logged."""
     torch.manual_seed(0)
     _train_steps(SmallResNet(), torch.randn(2, 3, 16, 16))
     assert set(wrapper_calls["conv_inputs"]) == {"nchw"}
@@ -136,6 +136,29 @@ def test_auto_keeps_training_graphs_nchw(caplog, wrapper_calls):
     assert any(
         re.fullmatch(r"training graph: inputs \[\d+\] traced channels-last", m) for m in lines
     )
+
+
+def test_auto_traces_depthwise_training_graphs_channels_last(caplog, wrapper_calls):
+    """Under auto, a training graph with a depthwise 3x3 convolution (MobileNetV2's block)
+    is traced channels-last (logged), with eager's values; under eager it stays NCHW."""
+    torch.manual_seed(0)
+    ember.set_logs("aot")
+    try:
+        with caplog.at_level(logging.DEBUG, logger="ember.aot"):
+            _train_steps(InvertedResidual(), torch.randn(2, 3, 16, 16), steps=3)
+    finally:
+        ember.set_logs()
+    lines = [r.getMessage() for r in caplog.records if r.name == "ember.aot"]
+    assert any(
+        re.fullmatch(r"training graph: inputs \[\d+\] traced channels-last", m) for m in lines
+    )
+    if _eager_returns_channels_last(torch.float32):
+        assert "channels_last" in wrapper_calls["conv_inputs"]
+    assert wrapper_calls["copies"] == 0
+    wrapper_calls["conv_inputs"].clear()
+    with config.patch(conv_layout="eager"):
+        _train_steps(InvertedResidual(), torch.randn(2, 3, 12, 12))
+    assert set(wrapper_calls["conv_inputs"]) == {"nchw"}
 
 
 class ReturnsItsInput(nn.Module):

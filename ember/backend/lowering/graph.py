@@ -21,11 +21,13 @@ from ember.backend.ir.nodes import DType, Size
 from ember.backend.lowering import (  # noqa: F401  (registers lowerings)
     fallback,
     layout,
+    losses,
     norms,
     pointwise,
     pooling,
     reductions,
     scatter,
+    strided_conv,
     views,
 )
 from ember.backend.lowering.registry import LOWERINGS, LowerCtx, NotLowered

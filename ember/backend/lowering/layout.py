@@ -122,20 +122,36 @@ def channels_last_training(gm: torch.fx.GraphModule) -> bool:
     """Whether a training joint graph (traced in eager's NCHW layout) should be traced
     again with its image inputs channels-last (aot/channels_last.py): every convolution is
     then channels-last, forward and backward, with no layout copy. Only under
-    EMBER_CONV_LAYOUT=channels_last for now, and where every convolution whose strides
-    change keeps a channels-last input so in the library (`_library_keeps`).
+    EMBER_CONV_LAYOUT=channels_last, or under auto where the graph has a depthwise
+    convolution with a kernel above 1x1, and where every convolution whose strides change
+    keeps a channels-last input so in the library (`_library_keeps`).
 
-    Not chosen by timing (auto answers no): the convolutions of transformers' ResNet,
-    RegNet and MobileNetV2 steps got 10-20% faster channels-last, but each training batch
-    norm of a channels-last activation is then four kernels each way (column-form mean
-    and variance, coefficients, normalization) where NCHW has one, and the steps came out
-    level with NCHW's (notes/backend.md, "Conv-net training, session 16")."""
-    if config.current().conv_layout != "channels_last":
-        return False
+    Not chosen by timing: each training batch norm of a channels-last activation is four
+    kernels each way (column-form mean and variance, coefficients, normalization) where
+    NCHW has one, which ate what ResNet's and RegNet's convolutions gain (10-20%). Depthwise
+    kxk convolutions gain 30-35% both ways, and MobileNetV2's step came out 10-25% faster
+    channels-last than NCHW, level with or ahead of Inductor's (notes/backend.md, "Conv-net
+    training, session 17"); ResNet's was level and RegNet's (grouped, not depthwise) 10%
+    slower, so they stay NCHW."""
+    layout = config.current().conv_layout
     convolutions = gm.graph.find_nodes(op="call_function", target=aten.convolution.default)
+    if layout == "auto":
+        if not any(map(_depthwise, convolutions)):
+            return False
+    elif layout != "channels_last":
+        return False
     # (a 1x1 result has the same strides in both layouts)
     changed = [c for c in convolutions if _restrided(c.meta.get("val")) is not None]
     return bool(changed) and all(map(_library_keeps, changed))
+
+
+def _depthwise(conv: torch.fx.Node) -> bool:
+    """A 2-d convolution with one input channel per group (more than one group) and a
+    kernel above 1x1."""
+    weight, groups = conv.args[1].meta.get("val"), conv.args[-1]
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 4:
+        return False
+    return groups > 1 and weight.shape[1] == 1 and tuple(weight.shape[2:]) != (1, 1)
 
 
 def _convolves(user: torch.fx.Node) -> bool:
@@ -361,7 +377,17 @@ def _times(x_shape, w_shape, b_shape, params, dtype, threads) -> tuple[float, fl
 def _convolution(ctx: LowerCtx, x: Value, weight: Value, *rest: Any) -> Any:
     """The library call, with a 4-d input brought into the memory format of the result the
     lowering expects (eager's, or channels-last where the plan chose it): an NCHW input of
-    a channels-last convolution is copied once, a lazy one written channels-last."""
+    a channels-last convolution is copied once, a lazy one written channels-last. A 1x1
+    convolution with a stride runs on the subsampled input (strided_conv.py)."""
+    from ember.backend.lowering import strided_conv  # it imports this module's helpers
+
+    bias, stride, padding, dilation, transposed, out_pad, groups = rest
+    if strided_conv.applies(x, weight, stride, padding, transposed):
+        cl = strided_conv.channels_last(tuple(ctx.meta.shape), ctx.meta.stride())
+        sub = strided_conv.subsampled(ctx, x, stride, cl)
+        one, zero = [1] * len(stride), [0] * len(stride)
+        args = (sub, weight, bias, one, zero, one, False, zero, groups)
+        return extern(ctx, aten.convolution.default, args, {}, ExternKind.LIBRARY)
     want = _strides_for(x, ctx.meta)
     if want is not None and not (
         isinstance(x, BufferValue) and same_strides(x.size, x.layout.stride, want)
