@@ -26,6 +26,11 @@ def _nll_calls(arts: list) -> list[str]:
     return [op for art in arts for op in extern_ops(art) if "nll_loss" in op]
 
 
+def _only_the_target_check(art) -> bool:
+    """The wrapper calls nothing but ember's target check (no aten op)."""
+    return [op.rsplit(".", 1)[-1] for op in extern_ops(art)] == ["raise_out_of_bounds"]
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("case", list(TARGETS))
 @pytest.mark.parametrize("ignore_index", [-100, 0])
@@ -65,7 +70,7 @@ def test_aten_nll_loss_ops_lowered(dtype):
             t,
             **tol,
         )
-        assert extern_ops(art) == []
+        assert _only_the_target_check(art)
         g = torch.randn(8 if reduction == 0 else (), dtype=dtype)
         w = torch.tensor(7.0, dtype=dtype)
         (art,) = check(
@@ -78,7 +83,7 @@ def test_aten_nll_loss_ops_lowered(dtype):
             w,
             **tol,
         )
-        assert extern_ops(art) == []
+        assert _only_the_target_check(art)
 
 
 def test_fallbacks_that_stay():
@@ -136,3 +141,53 @@ def test_classifier_sgd_steps_match_eager(dtype):
     for a, b in zip(model.state_dict().values(), eager.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b)
     assert _nll_calls(arts) == []
+
+
+@pytest.mark.parametrize(
+    ("shape", "target", "reduction"),
+    [
+        ((3, 4), [0, 5, 1], "mean"),
+        ((3, 4), [0, -3, 1], "sum"),
+        ((3, 4), [2, 4, -7], "none"),
+        ((4,), 9, "mean"),
+    ],
+)
+def test_target_out_of_bounds_raises_eagers_error(shape, target, reduction):
+    """A target outside [0, C) that is not ignored raises eager's IndexError, naming it, from
+    the lowered forward; in-range targets through the same compiled graph run on."""
+    x = torch.randn(*shape).log_softmax(-1)
+    t = torch.tensor(target)
+
+    def f(x, t):
+        return F.nll_loss(x, t, reduction=reduction)
+
+    with pytest.raises(IndexError) as expected:
+        f(x, t)
+    compiled = compile_ember(f)
+    with record() as arts:
+        with pytest.raises(IndexError, match=f"^{expected.value}$"):
+            compiled(x, t)
+    assert _nll_calls(arts) == []
+    fine = t.clamp(0, shape[-1] - 1)
+    torch.testing.assert_close(compiled(x, fine), f(x, fine))
+
+
+def test_backward_alone_checks_its_targets():
+    """The lowered backward, called without the forward that would have checked its targets,
+    raises as eager's does."""
+    x = torch.randn(3, 4).log_softmax(-1)
+
+    def backward(g, x, t):
+        return torch.ops.aten.nll_loss_backward(g, x, t, None, 1, -100, torch.tensor(3.0))
+
+    compiled = compile_ember(backward)
+    g = torch.tensor(1.0)
+    for t in ([0, 4, 1], [0, 3, -100]):
+        t = torch.tensor(t)
+        try:
+            expected = backward(g, x, t)
+        except IndexError:
+            with pytest.raises(IndexError):
+                compiled(g, x, t)
+            continue
+        torch.testing.assert_close(compiled(g, x, t), expected)

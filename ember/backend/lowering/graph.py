@@ -217,7 +217,8 @@ def _dense(t: torch.Tensor) -> bool:
 
 def lower(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> ir.LoopGraph:
     """The loop IR of `gm`; inputs are named in0, in1, ... in placeholder order."""
-    builder = GraphBuilder()
+    tensors = (t for t in example_inputs if isinstance(t, torch.Tensor))
+    builder = GraphBuilder(next((t.device for t in tensors), None))
     env: dict[torch.fx.Node, Any] = {}
     inputs = iter(example_inputs)
     n_in = 0

@@ -13,13 +13,16 @@ and the backward a pointwise select. The forward reads all N*C elements where ea
 N, so it is lowered only up to `FORWARD_LIMIT` elements (a language model's vocabulary
 keeps the fallback); the backward writes all N*C elements in eager too.
 
-Differences from eager: a target outside [0, C) that is not ignore_index raises in eager;
-here it picks nothing (it adds 0 to the loss and gets no gradient). Class weights keep the
-fallback.
+A target outside [0, C) that is not ignore_index raises eager's IndexError: the lowering
+counts such targets in a reduction over the N targets (fused with the kernels that read them)
+and the wrapper calls `raise_out_of_bounds` on the count, which costs one `.item()` when all
+are in range (an aten check of the targets would cost more than the fallback saves). Class
+weights keep the fallback.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import sympy
@@ -27,9 +30,10 @@ import torch
 
 from ember.backend.ir import nodes as ir
 from ember.backend.ir.nodes import BinaryOp as B
-from ember.backend.ir.nodes import DType, ReductionType
+from ember.backend.ir.nodes import DType, ExternKind, ReductionType
 from ember.backend.ir.nodes import UnaryOp as U
 from ember.backend.lowering import pointwise as pw
+from ember.backend.lowering.fallback import extern
 from ember.backend.lowering.reductions import numel, reduce
 from ember.backend.lowering.registry import LowerCtx, NotLowered, opmath, register
 from ember.backend.lowering.values import LazyValue, Value, cast
@@ -57,6 +61,41 @@ def _counted(t: ir.Expr, ignore_index: int) -> ir.Expr:
     return pw.bin_(B.NE, t, pw.const(ignore_index, DType.I64))
 
 
+def _check_bounds(ctx: LowerCtx, target: Value, classes: int, ignore_index: int) -> None:
+    """Count the targets eager's kernel rejects; the wrapper raises its error on a count.
+    CPU only: on a GPU reading the count would wait for the device at every call."""
+    if ctx.builder.device.type != "cpu":
+        raise NotLowered(f"nll_loss on {ctx.builder.device}: its target check would wait for it")
+    i64 = DType.I64
+
+    def bad(idx):
+        t = target.load(idx)
+        outside = pw.bin_(
+            B.LOGICAL_OR,
+            pw.bin_(B.LT, t, pw.const(0, i64)),
+            pw.bin_(B.GE, t, pw.const(classes, i64)),
+        )
+        return cast(pw.bin_(B.LOGICAL_AND, outside, _counted(t, ignore_index)), i64)
+
+    count: Value = LazyValue(target.size, i64, bad)
+    if target.size:
+        count = reduce(ctx, count, [0], ReductionType.SUM, False, (), i64)
+    no_result = dataclasses.replace(ctx, meta=None)
+    extern(no_result, raise_out_of_bounds, (count, target, classes, ignore_index), {}, _KIND)
+
+
+_KIND = ExternKind.LIBRARY
+"""The check is ember's own runtime code, not an aten op left unlowered."""
+
+
+def raise_out_of_bounds(count: torch.Tensor, target: torch.Tensor, classes: int, ignore: int):
+    """Raise eager's IndexError, naming the first rejected target, if `count` is not 0."""
+    if count.item():
+        flat = target.reshape(-1)
+        rejected = flat[((flat < 0) | (flat >= classes)) & (flat != ignore)]
+        raise IndexError(f"Target {int(rejected[0])} is out of bounds.")
+
+
 def _picked(target: Value, idx: list[sympy.Expr], ignore_index: int) -> ir.Expr:
     """Whether element idx (..., class) is its row's target class (and counted)."""
     t = target.load(idx[:-1])
@@ -73,6 +112,7 @@ def _nll_loss_forward(
     _check(x, target, weight, reduction)
     if numel(x.size, range(len(x.size))) > FORWARD_LIMIT:
         raise NotLowered(f"nll_loss_forward over more than {FORWARD_LIMIT} elements")
+    _check_bounds(ctx, target, int(x.size[-1]), ignore_index)
     out = x.dtype  # the loss's and the total weight's
     comp = opmath(out)
     zero = pw.const(0.0, comp)
@@ -116,6 +156,7 @@ def _nll_loss_backward(
     """-grad (divided by the total weight for 'mean') at each picked element, 0 elsewhere:
     eager's `-(grad / total_weight)`, written over the whole input."""
     _check(x, target, weight, reduction)
+    _check_bounds(ctx, target, int(x.size[-1]), ignore_index)
     out = ctx.out_dtype
     comp = opmath(out)
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import sympy
+import torch
 
 from ember.backend import indexing
 from ember.backend.ir import nodes as ir
@@ -58,7 +59,9 @@ def expr_size(v: LazyValue) -> tuple[int, int, bool]:
 class GraphBuilder:
     """Collects buffers and nodes in program order while the fx graph is lowered."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device | None = None) -> None:
+        self.device = device or torch.device("cpu")
+        """Where the graph runs (a lowering whose runtime check would stall a GPU asks)."""
         self.inputs: list[ir.Buffer] = []
         self.buffers: list[ir.Buffer] = []
         self.nodes: list[ir.Node] = []
