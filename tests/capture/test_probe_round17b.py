@@ -67,6 +67,16 @@ def p_writes(x, lst):
     return x * lst[0], lst
 
 
+def p_torch_and_operators(x, lst):
+    y = torch.stack(lst[:2]) * x
+    return y.view(lst[2:]), lst + [1], 2 * lst, lst.copy(), lst == Items(lst), lst == 3
+
+
+def p_inplace_add(x, lst):
+    lst += [x]
+    return x + 1, lst, next(reversed(lst)), [1, 2] != lst
+
+
 def _made(cls, items, **attrs):
     def make():
         obj = cls(items)
@@ -87,6 +97,8 @@ def _made(cls, items, **attrs):
         (p_override_read, _made(Doubling, [2, 3])),
         (p_writes, _made(Items, [1, 2])),
         (p_writes, _made(Counted, [1, 2])),
+        (p_torch_and_operators, _made(Items, [torch.ones(3), torch.zeros(3), 3, 2])),
+        (p_inplace_add, _made(Items, [1, 2])),
     ],
     ids=[
         "ints",
@@ -97,6 +109,8 @@ def _made(cls, items, **attrs):
         "override-read",
         "writes",
         "override-store",
+        "torch-and-operators",
+        "inplace-add",
     ],
 )
 def test_list_subclass_from_outside_is_read_in_the_graph(fn, make):

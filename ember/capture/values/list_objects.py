@@ -14,6 +14,7 @@ code uses it) is not what the guards see. Lists made in the trace of such a clas
 from __future__ import annotations
 
 import dataclasses
+import operator
 from typing import TYPE_CHECKING, Any
 
 from ember.capture.sources import Source
@@ -26,6 +27,16 @@ from ember.errors import BreakReason, Unsupported
 if TYPE_CHECKING:
     from ember.capture.translator import Translator
 
+_OPERATORS = {
+    "__add__": operator.add,
+    "__mul__": operator.mul,
+    "__rmul__": operator.mul,
+    "__eq__": operator.eq,
+    "__ne__": operator.ne,
+    "__iadd__": operator.iadd,
+    "copy": None,
+    "__reversed__": None,
+}
 _READS = frozenset(["__getitem__", "__len__", "__contains__", "__iter__", "index", "count"])
 _WRITES = frozenset(
     ["__setitem__", "__delitem__", "append", "extend", "insert", "pop", "remove", "clear"]
@@ -95,7 +106,31 @@ class ListObjectValue(UserObjectValue):
             else:
                 return items.call_method(tx, name, args, kwargs)
             return ConstantValue(None)
+        if name in _OPERATORS:
+            return self._operator(tx, name, args)
         raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"list.{name} on {self.describe()}")
+
+    def _operator(self, tx: Translator, name: str, args: list[Value]) -> Value:
+        """`+`, `*`, `==`, `!=`, `+=`, `copy()`, `reversed()`: list's, on a plain list of
+        the items (what list's C code makes: `Items(..) + [1]` is a list). A comparison
+        with something that is not a list is NotImplemented, as list's; the other side
+        then decides."""
+        from ember.capture.operators import apply
+
+        items = self.contents
+        if name == "copy":
+            return ListValue(list(items.items))
+        if name == "__reversed__":
+            return IteratorValue(list(reversed(items.items)))
+        other = args[0]
+        if isinstance(other, ListObjectValue):
+            other = other.contents
+        if name == "__iadd__":  # list's extend, and the object itself
+            items.call_method(tx, "extend", [other], {})
+            return self
+        if name in ("__eq__", "__ne__") and not issubclass(other.python_type(), list):
+            return ConstantValue(NotImplemented)
+        return apply(tx, _OPERATORS[name], [ListValue(list(items.items)), other])
 
 
 def wrap_list_object(builder: Any, value: list, source: Source) -> ListObjectValue:

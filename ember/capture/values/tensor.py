@@ -387,9 +387,12 @@ def _map_tensors(
     """The value as a Python argument, with each tensor replaced by `leaf(tensor)` and, with
     `size`, each symbolic size (a SymInt in a constant) by `size(symint)`."""
     from ember.capture.values.containers import SequenceValue, SliceValue
+    from ember.capture.values.list_objects import ListObjectValue
 
     if isinstance(value, TensorValue):
         return leaf(value)
+    if isinstance(value, ListObjectValue):  # a list subclass: torch takes it as a list
+        value = value.contents
     if isinstance(value, SequenceValue):
         items = [_map_tensors(v, leaf, size) for v in value.items]
         return items if value.python_type() is list else tuple(items)
