@@ -292,8 +292,19 @@ class SideEffects:
     @staticmethod
     def _store_contents(cg: Any, container: Value) -> None:
         """Replace a container's contents by the new ones on top of the stack: a list by
-        slice assignment, a dict or deque by `clear()` and `update`/`extend`."""
+        slice assignment (list's own for a list subclass's items, whatever its class's
+        `__setitem__`), a dict or deque by `clear()` and `update`/`extend`."""
         source = container.source
+        if getattr(container, "store_past_class", False):  # a list subclass's items
+            # stack: contents, list.__setitem__ and its NULL, obj, [:], contents
+            cg.load_const(list.__setitem__, push_null=True)
+            source.emit(cg)
+            cg.load_const(slice(None))
+            cg.copy(5)
+            cg.call(3)
+            cg.pop_top()
+            cg.pop_top()
+            return
         refill = _refill_method(container)
         if refill is not None:  # stack: contents
             source.emit(cg)

@@ -46,6 +46,7 @@ from ember.capture.values.functions import (
     TorchFunctionValue,
     UserFunctionValue,
 )
+from ember.capture.values.list_objects import is_list_object, wrap_list_object
 from ember.capture.values.objects import (
     GradModeValue,
     ModuleValue,
@@ -237,6 +238,8 @@ class ValueBuilder:
             result = self._early(value, ListValue([], source))  # it may hold itself
             result.items = [self.wrap(v, ItemSource(source, i)) for i, v in enumerate(value)]
             return result
+        if isinstance(value, list) and is_list_object(type(value)):
+            return wrap_list_object(self, value, source)
         if isinstance(value, dict | types.MappingProxyType):
             result = self._wrap_dict(value, source)
             if result is not None:

@@ -249,10 +249,22 @@ def _hash(tx, args, kwargs):
 @handles(isinstance)
 def _isinstance(tx, args, kwargs):
     cls = _class_operand(tx, args[1])
+    buffer = getattr(torch.nn, "Buffer", None)
+    if buffer is not None and isinstance(args[0], TensorValue) and buffer in _flat_classes(cls):
+        # nn.Buffer's metaclass: a tensor marked `_is_buffer` is one (tensor.py)
+        if args[0].is_buffer_marked(tx):
+            return ConstantValue(True)
     try:
         return ConstantValue(issubclass(args[0].python_type(), cls))
     except TypeError as exc:  # a subscripted generic: eager's isinstance raises the same
         raise FoldingRaised(exc, f"TypeError: {exc}") from None
+
+
+def _flat_classes(cls: Any) -> list[Any]:
+    """The classes an isinstance operand names (a class, or nested tuples of them)."""
+    if isinstance(cls, tuple):
+        return [c for part in cls for c in _flat_classes(part)]
+    return [cls]
 
 
 @handles(issubclass)

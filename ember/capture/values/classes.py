@@ -185,6 +185,8 @@ class ClassValue(Value):
                 "grad, which a graph cannot make",
                 hint="make parameters in __init__",
             )
+        if cls is _BUFFER:  # the tensor, detached and marked (torch's Python, traced)
+            return UserFunctionValue(cls.__new__).call(tx, [self, *args], kwargs)
         if cls.__new__ is not object.__new__:
             return self._construct_with_new(tx, args, kwargs)
         if not isinstance(cls.__init__, types.FunctionType) and cls.__init__ is not object.__init__:
@@ -233,6 +235,11 @@ def plain_new(cls: type) -> bool:
             return False
     return True
 
+
+_BUFFER = getattr(torch.nn, "Buffer", None)
+"""torch >= 2.5's buffer marker: `Buffer(t)` is `t.detach()` with `persistent` and
+`_is_buffer` set on it (a plain Tensor, so no `__init__`), which `Module.__setattr__`
+registers as `register_buffer` would."""
 
 _DEPRECATED_AUTOCASTS = (torch.cpu.amp.autocast, torch.cuda.amp.autocast)
 """torch.autocast subclasses marked `typing_extensions.deprecated`: their `__new__` warns

@@ -44,11 +44,11 @@ _CALLBACK_WRITES = frozenset(["update", "setdefault", "pop", "popitem", "clear",
 only when the class does not override those."""
 
 
-def storage_type(cls: type) -> type | None:
-    """The builtin dict type a class written in Python keeps its items in; None for
-    anything else (a C subclass such as defaultdict, or no dict base at all)."""
+def storage_type(cls: type, storages: tuple[type, ...] = _STORAGE_TYPES) -> type | None:
+    """The builtin dict type (or other of `storages`) a class written in Python keeps its
+    items in; None for anything else (a C subclass such as defaultdict, or no such base)."""
     for klass in cls.__mro__:
-        if klass in _STORAGE_TYPES:
+        if klass in storages:
             return klass
         if not from_class_statement(klass):
             return None

@@ -21,7 +21,7 @@ from ember import torch_compat
 from ember.capture import autocast
 from ember.capture.guards import GuardKind
 from ember.capture.shapes import SYM_TYPES
-from ember.capture.sources import AttrSource, MethodResultSource
+from ember.capture.sources import AttrSource, ItemSource, MethodResultSource
 from ember.capture.values.base import ConstantValue, MissingAttribute, Value
 from ember.capture.values.inference_mode import made_tensor_is_inference, records_no_autograd
 from ember.capture.values.meta import is_data_dependent_error, result_device, run_on_meta
@@ -111,6 +111,10 @@ class TensorValue(Value):
     """Whether it is an inference tensor, where known (see `is_inference`)."""
     grad_fn: Value | None = None
     """The stand-in of its `grad_fn` last read (values/grad_fn.py)."""
+    python_attrs: dict[str, Value] | None = None
+    """Constants set as Python attributes on a tensor the trace made (`nn.Buffer`'s
+    `persistent` and `_is_buffer`): read back from here, and set on the real tensor where
+    it leaves the graph."""
 
     def __init__(
         self, node: torch.fx.Node, example: torch.Tensor, device: torch.device, source=None
@@ -153,6 +157,8 @@ class TensorValue(Value):
     def getattr(self, tx: Translator, name: str) -> Value:
         from ember.capture.values.functions import MethodValue
 
+        if self.python_attrs is not None and name in self.python_attrs:
+            return self.python_attrs[name]
         if name in _DEVICE_ATTRS:
             return ConstantValue(_DEVICE_ATTRS[name](self.device))
         if name in ("is_leaf", "grad_fn"):
@@ -225,7 +231,11 @@ class TensorValue(Value):
     def setattr(self, tx: Translator, name: str, value: Value) -> None:
         """`p.grad = None` (or a gradient of p's size, dtype and device, which is all that
         eager accepts) on a tensor from outside: written after the graph, read back from
-        the ledger until then."""
+        the ledger until then. A constant set on a tensor the trace made is kept with it
+        (`python_attrs`)."""
+        if self.source is None and value.is_constant() and not hasattr(torch.Tensor, name):
+            self.python_attrs = {**(self.python_attrs or {}), name: value}
+            return None
         if name != "grad" or self.source is None or not self._fits_as_grad(value):
             return super().setattr(tx, name, value)
         tx.ctx.effects.store_attr(self, name, value)
@@ -336,7 +346,39 @@ class TensorValue(Value):
         tensor_op(tx, "call_function", operator.setitem, [self, key, value], {})
 
     def reconstruct(self, em: Emitter) -> None:
+        if not self.python_attrs:
+            return em.load_tensor(self)
+        em.cg.load_const(_with_attrs, push_null=True)
         em.load_tensor(self)
+        em.attribute_map(self.python_attrs)
+        em.cg.call(2)
+        return None
+
+    def is_buffer_marked(self, tx: Translator) -> bool:
+        """`isinstance(t, nn.Buffer)`: `nn.Buffer`'s metaclass asks for a true `_is_buffer`
+        attribute on the tensor. Of an outside tensor, its instance dict is read and
+        guarded (present or not, and the flag)."""
+        if self.source is None:
+            flag = (self.python_attrs or {}).get("_is_buffer")
+            return flag is not None and bool(flag.as_constant())
+        real = tx.ctx.builder.real_object(self)
+        if real is None:
+            raise Unsupported(BreakReason.UNSUPPORTED_CALL, "isinstance(tensor, nn.Buffer)")
+        table = AttrSource(self.source, "__dict__")
+        present = "_is_buffer" in real.__dict__
+        tx.ctx.guards.add(GuardKind.DICT_CONTAINS, table, ("_is_buffer", present))
+        if not present:
+            return False
+        flag = real.__dict__["_is_buffer"]
+        tx.ctx.guards.add(GuardKind.EQUALS_MATCH, ItemSource(table, "_is_buffer"), flag)
+        return bool(flag)
+
+
+def _with_attrs(tensor: torch.Tensor, attrs: dict[str, Any]) -> torch.Tensor:
+    """Run-time half of a tensor made in the graph that the trace set attributes on."""
+    for name, value in attrs.items():
+        setattr(tensor, name, value)
+    return tensor
 
 
 def _map_tensors(
@@ -345,9 +387,12 @@ def _map_tensors(
     """The value as a Python argument, with each tensor replaced by `leaf(tensor)` and, with
     `size`, each symbolic size (a SymInt in a constant) by `size(symint)`."""
     from ember.capture.values.containers import SequenceValue, SliceValue
+    from ember.capture.values.list_objects import ListObjectValue
 
     if isinstance(value, TensorValue):
         return leaf(value)
+    if isinstance(value, ListObjectValue):  # a list subclass: torch takes it as a list
+        value = value.contents
     if isinstance(value, SequenceValue):
         items = [_map_tensors(v, leaf, size) for v in value.items]
         return items if value.python_type() is list else tuple(items)
