@@ -72,6 +72,11 @@ def p_torch_and_operators(x, lst):
     return y.view(lst[2:]), lst + [1], 2 * lst, lst.copy(), lst == Items(lst), lst == 3
 
 
+def p_ordering(x, lst):
+    y = x * 2 if lst < [1, 3] else x
+    return y, lst <= Items([1, 2]), lst > [0], [5] >= lst, sorted([lst, [0, 9]])
+
+
 def p_inplace_add(x, lst):
     lst += [x]
     return x + 1, lst, next(reversed(lst)), [1, 2] != lst
@@ -99,6 +104,7 @@ def _made(cls, items, **attrs):
         (p_writes, _made(Counted, [1, 2])),
         (p_torch_and_operators, _made(Items, [torch.ones(3), torch.zeros(3), 3, 2])),
         (p_inplace_add, _made(Items, [1, 2])),
+        (p_ordering, _made(Items, [1, 2])),
     ],
     ids=[
         "ints",
@@ -111,6 +117,7 @@ def _made(cls, items, **attrs):
         "override-store",
         "torch-and-operators",
         "inplace-add",
+        "ordering",
     ],
 )
 def test_list_subclass_from_outside_is_read_in_the_graph(fn, make):

@@ -33,10 +33,15 @@ _OPERATORS = {
     "__rmul__": operator.mul,
     "__eq__": operator.eq,
     "__ne__": operator.ne,
+    "__lt__": operator.lt,
+    "__le__": operator.le,
+    "__gt__": operator.gt,
+    "__ge__": operator.ge,
     "__iadd__": operator.iadd,
     "copy": None,
     "__reversed__": None,
 }
+_COMPARISONS = frozenset(["__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__"])
 _READS = frozenset(["__getitem__", "__len__", "__contains__", "__iter__", "index", "count"])
 _WRITES = frozenset(
     ["__setitem__", "__delitem__", "append", "extend", "insert", "pop", "remove", "clear"]
@@ -111,7 +116,7 @@ class ListObjectValue(UserObjectValue):
         raise Unsupported(BreakReason.UNSUPPORTED_CALL, f"list.{name} on {self.describe()}")
 
     def _operator(self, tx: Translator, name: str, args: list[Value]) -> Value:
-        """`+`, `*`, `==`, `!=`, `+=`, `copy()`, `reversed()`: list's, on a plain list of
+        """`+`, `*`, comparisons, `+=`, `copy()`, `reversed()`: list's, on a plain list of
         the items (what list's C code makes: `Items(..) + [1]` is a list). A comparison
         with something that is not a list is NotImplemented, as list's; the other side
         then decides."""
@@ -128,7 +133,7 @@ class ListObjectValue(UserObjectValue):
         if name == "__iadd__":  # list's extend, and the object itself
             items.call_method(tx, "extend", [other], {})
             return self
-        if name in ("__eq__", "__ne__") and not issubclass(other.python_type(), list):
+        if name in _COMPARISONS and not issubclass(other.python_type(), list):
             return ConstantValue(NotImplemented)
         return apply(tx, _OPERATORS[name], [ListValue(list(items.items)), other])
 
