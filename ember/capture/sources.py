@@ -67,6 +67,15 @@ class GuardScope:
             self._ids[key] = name
         return self._ids[key]
 
+    def class_dict(self, klass: type) -> str:
+        """A guard-global name bound to a live view of `klass.__dict__`, one per class (each
+        `klass.__dict__` read makes a new mappingproxy: checks on the same class would not
+        share a name, nor be deduplicated as the same condition)."""
+        proxies = self.names.setdefault("___class_dicts", {})
+        if klass not in proxies:
+            proxies[klass] = self.const(klass.__dict__, "cd")
+        return proxies[klass]
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Source:
