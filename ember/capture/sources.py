@@ -358,7 +358,11 @@ class ModuleEntrySource(Source):
         return f"{self.base.name()}{self.display}"
 
     def expr(self, scope: GuardScope) -> str:
-        return scope.bind(self, f"{self.base.expr(scope)}.{self.table}[{self.key!r}]")
+        # the table as an item of the instance dict, as Module.__getattr__ reads it (an
+        # attribute read on a module takes CPython's slow path for classes with a
+        # `__getattr__`); one local per table, shared by the module's entries
+        table = ItemSource(AttrSource(self.base, "__dict__"), self.table).expr(scope)
+        return scope.bind(self, f"{table}[{self.key!r}]")
 
     def emit(self, cg: CodeBuilder) -> None:
         self.base.emit(cg)
