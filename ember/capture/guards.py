@@ -57,6 +57,10 @@ class GuardKind(enum.Enum):
     SIZE_RELATION = "a relation between size symbols the trace relied on (s0 >= 2, s0 == s1)"
     INT_SYMBOL = "an int argument that is a size symbol is still an int"
     CONSTANT_TUPLE = "a module's tuple of plain constants (a stride) is the same tuple, or equal"
+    INSTANCE_ATTR = (
+        "an attribute read as an instance dict item is what the default lookup finds: the"
+        " exact type, and no class of its MRO has the name or a __getattribute__"
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True, eq=False)
@@ -206,6 +210,21 @@ def _absent_conditions(g: Guard, scope: GuardScope) -> list[str]:
 _HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
+def _instance_attr(g: Guard, scope: GuardScope) -> list[str]:
+    """The class checks are the same string for every instance of a class: deduplicated,
+    a conv net's 50 convolutions check them once."""
+    name, cls = g.expected
+    e = g.source.expr(scope)
+    return [
+        f"type({e}) is {scope.const(cls, 'T')}",
+        *(
+            f"{n!r} not in {scope.class_dict(k)}"
+            for k in cls.__mro__[:-1]
+            for n in (name, "__getattribute__")
+        ),
+    ]
+
+
 def _no_hooks(g: Guard, scope: GuardScope) -> list[str]:
     """The module's four hook tables are empty (and the global ones). Where the guard knows
     the module's class (`expected`), the tables are read as items of the instance dict: an
@@ -262,6 +281,7 @@ _CONDITIONS: dict[GuardKind, Callable[[Guard, GuardScope], list[str]]] = {
     GuardKind.SIZE_RELATION: lambda g, s: [g.expected.condition(s)],
     GuardKind.INT_SYMBOL: lambda g, s: [f"type({g.source.expr(s)}) is int"],
     GuardKind.CONSTANT_TUPLE: _constant_tuple,
+    GuardKind.INSTANCE_ATTR: _instance_attr,
 }
 
 

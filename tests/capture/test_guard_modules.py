@@ -184,3 +184,44 @@ def test_hook_table_property_added_to_class_recompiles():
         assert counter.frame_count == 2
     finally:
         del Hooked._forward_hooks
+
+
+class Gained(nn.Module):
+    """A plain float attribute, read by the guard as an instance dict item."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gain = 2.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gain
+
+
+def _gained_check(change_class, undo) -> None:
+    class Local(Gained):
+        pass
+
+    net = nn.Sequential(nn.Sequential(Local()))
+    counter = CompileCounter()
+    compiled = ember.compile(net, backend=counter)
+    x = torch.randn(3)
+    assert_same(compiled(x), net(x))
+    assert_same(compiled(x), net(x))
+    assert counter.frame_count == 1
+    change_class(Local)
+    try:
+        assert_same(compiled(x), net(x))
+        assert_same(compiled(x), net(x))
+        assert counter.frame_count == 2
+    finally:
+        undo(Local)
+    net[0][0].gain = 5.0  # the instance dict item itself
+    assert_same(compiled(x), net(x))
+    assert_same(compiled(x), net(x))
+
+
+def test_property_shadowing_an_instance_attribute_recompiles():
+    def add(cls: type) -> None:
+        cls.gain = property(lambda self: 3.0)
+
+    _gained_check(add, lambda cls: delattr(cls, "gain"))
