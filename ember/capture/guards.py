@@ -57,6 +57,10 @@ class GuardKind(enum.Enum):
     SIZE_RELATION = "a relation between size symbols the trace relied on (s0 >= 2, s0 == s1)"
     INT_SYMBOL = "an int argument that is a size symbol is still an int"
     CONSTANT_TUPLE = "a module's tuple of plain constants (a stride) is the same tuple, or equal"
+    INSTANCE_ATTR = (
+        "an attribute read as an instance dict item is what the default lookup finds: the"
+        " exact type, and no class of its MRO has the name or a __getattribute__"
+    )
 
 
 @dataclasses.dataclass(frozen=True, slots=True, eq=False)
@@ -192,7 +196,7 @@ def _absent_conditions(g: Guard, scope: GuardScope) -> list[str]:
         names = [name]
         if not (module and issubclass(torch.nn.Module, klass)):
             names.append("__getattr__")  # nn.Module's is modelled: its tables below
-        mapping = scope.const(klass.__dict__, "cd")  # a live view of the class's dict
+        mapping = scope.class_dict(klass)  # a live view of the class's dict
         conditions.extend(f"{n!r} not in {mapping}" for n in names)
     if cls.__dictoffset__ and instance != [False]:
         instance_dict = attr_source(g.source, "__dict__", cls).expr(scope)
@@ -203,11 +207,46 @@ def _absent_conditions(g: Guard, scope: GuardScope) -> list[str]:
     return conditions
 
 
-def _no_hooks(g: Guard, scope: GuardScope) -> list[str]:
+_HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def _instance_attr(g: Guard, scope: GuardScope) -> list[str]:
+    """The class checks are the same string for every instance of a class: deduplicated,
+    a conv net's 50 convolutions check them once."""
+    name, cls = g.expected
     e = g.source.expr(scope)
     return [
-        f"not ({e}._forward_hooks or {e}._forward_pre_hooks or {e}._backward_hooks"
-        f" or {e}._backward_pre_hooks)",
+        f"type({e}) is {scope.const(cls, 'T')}",
+        *(
+            f"{n!r} not in {scope.class_dict(k)}"
+            for k in cls.__mro__[:-1]
+            for n in (name, "__getattribute__")
+        ),
+    ]
+
+
+def _no_hooks(g: Guard, scope: GuardScope) -> list[str]:
+    """The module's four hook tables are empty (and the global ones). Where the guard knows
+    the module's class (`expected`), the tables are read as items of the instance dict: an
+    attribute read on an nn.Module goes through CPython's slow path for classes defining
+    `__getattr__` (~2x a dict item; a MobileNetV2 call checks 200 modules). That read is
+    the default lookup's answer while no class of the MRO has the table's name nor a
+    `__getattribute__`: checked too, once per class (shared by all its instances)."""
+    e = g.source.expr(scope)
+    cls = g.expected
+    tables = [f"{e}.{name}" for name in _HOOK_TABLES]
+    conditions: list[str] = []
+    if isinstance(cls, type) and cls.__dictoffset__:
+        names = (*_HOOK_TABLES, "__getattribute__")
+        classes = cls.__mro__[:-1]  # object's dict cannot change
+        if not any(n in k.__dict__ for k in classes for n in names):
+            conditions = [f"type({e}) is {scope.const(cls, 'T')}"]
+            conditions += [f"{n!r} not in {scope.class_dict(k)}" for k in classes for n in names]
+            instance_dict = AttrSource(g.source, "__dict__").expr(scope)
+            tables = [f"{instance_dict}[{name!r}]" for name in _HOOK_TABLES]
+    return [
+        *conditions,
+        f"not ({' or '.join(tables)})",
         "not (___hooks._global_forward_hooks or ___hooks._global_forward_pre_hooks"
         " or ___hooks._global_backward_hooks or ___hooks._global_backward_pre_hooks)",
     ]
@@ -242,6 +281,7 @@ _CONDITIONS: dict[GuardKind, Callable[[Guard, GuardScope], list[str]]] = {
     GuardKind.SIZE_RELATION: lambda g, s: [g.expected.condition(s)],
     GuardKind.INT_SYMBOL: lambda g, s: [f"type({g.source.expr(s)}) is int"],
     GuardKind.CONSTANT_TUPLE: _constant_tuple,
+    GuardKind.INSTANCE_ATTR: _instance_attr,
 }
 
 

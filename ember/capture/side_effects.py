@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ember import logs
 from ember.capture.autocast import leave_autocast
-from ember.capture.sources import AttrSource, Source, global_source
+from ember.capture.sources import AttrSource, ItemSource, Source, global_source
 from ember.capture.values.base import ConstantValue, Value, next_serial
 from ember.errors import BreakReason, Unsupported
 
@@ -203,11 +203,17 @@ class SideEffects:
         """The constants stored to attributes of objects from outside and to globals, by
         where they go (sources as a capture of a function with `root_globals` reads them)."""
         found = [
-            (AttrSource(obj.source, name), value.value)
+            (source, value.value)
             for obj, attrs in self._attrs.values()
             if obj.source is not None
             for name, value in attrs.items()
             if isinstance(value, ConstantValue)
+            # a module's plain attribute is read as an item of its instance dict (or, past
+            # a class that has the name, as the attribute): both, whichever the read was
+            for source in (
+                AttrSource(obj.source, name),
+                ItemSource(AttrSource(obj.source, "__dict__"), name),
+            )
         ]
         found += [
             (global_source(f_globals, root_globals, name), value.value)

@@ -67,6 +67,15 @@ class GuardScope:
             self._ids[key] = name
         return self._ids[key]
 
+    def class_dict(self, klass: type) -> str:
+        """A guard-global name bound to a live view of `klass.__dict__`, one per class (each
+        `klass.__dict__` read makes a new mappingproxy: checks on the same class would not
+        share a name, nor be deduplicated as the same condition)."""
+        proxies = self.names.setdefault("___class_dicts", {})
+        if klass not in proxies:
+            proxies[klass] = self.const(klass.__dict__, "cd")
+        return proxies[klass]
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Source:
@@ -349,7 +358,11 @@ class ModuleEntrySource(Source):
         return f"{self.base.name()}{self.display}"
 
     def expr(self, scope: GuardScope) -> str:
-        return scope.bind(self, f"{self.base.expr(scope)}.{self.table}[{self.key!r}]")
+        # the table as an item of the instance dict, as Module.__getattr__ reads it (an
+        # attribute read on a module takes CPython's slow path for classes with a
+        # `__getattr__`); one local per table, shared by the module's entries
+        table = ItemSource(AttrSource(self.base, "__dict__"), self.table).expr(scope)
+        return scope.bind(self, f"{table}[{self.key!r}]")
 
     def emit(self, cg: CodeBuilder) -> None:
         self.base.emit(cg)

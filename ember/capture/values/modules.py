@@ -105,7 +105,7 @@ def call_module(tx: Translator, value: ModuleValue, args: list[Value], kwargs: d
     forward = value.getattr(tx, "forward")
     if not has_forward_hooks(m) and not _hooks_changed_in_trace(tx, m):
         if value.source is not None:
-            tx.ctx.guards.add(GuardKind.NO_HOOKS, value.source)
+            tx.ctx.guards.add(GuardKind.NO_HOOKS, value.source, type(m))
         else:  # made in the trace (no hooks of its own): global hooks would run too
             no_global_hooks(tx)
         return forward.call(tx, args, kwargs)

@@ -132,6 +132,21 @@ def _instance_lookup(
     return found
 
 
+def _instance_item(tx: Translator, m: torch.nn.Module, source, name: str):
+    """The source of a module's plain attribute: an item of its instance dict (an attribute
+    read on an nn.Module takes CPython's slow path, for classes with `__getattr__`; a conv
+    net's guard reads hundreds), where no class of the MRO has the name or a
+    `__getattribute__` (an INSTANCE_ATTR guard keeps that so, once per class); otherwise
+    the attribute itself."""
+    if source is None:
+        return None
+    cls = type(m)
+    if any(n in k.__dict__ for k in cls.__mro__[:-1] for n in (name, "__getattribute__")):
+        return AttrSource(source, name)
+    tx.ctx.guards.add(GuardKind.INSTANCE_ATTR, source, (name, cls))
+    return ItemSource(AttrSource(source, "__dict__"), name)
+
+
 def _property_deleter(cls: type, name: str) -> types.FunctionType | None:
     """The Python `fdel` of a property `name` of `cls` (the first class of the MRO that
     defines the name decides)."""
@@ -272,8 +287,8 @@ class ModuleValue(Value):
                 continue
             if name in entries:
                 return builder.wrap(entries[name], ModuleEntrySource(src, table, name, f".{name}"))
-        if name in m.__dict__:
-            return builder.wrap_module_attribute(m.__dict__[name], AttrSource(src, name))
+        if name in m.__dict__ and not _is_data_descriptor(type(m), name):
+            return builder.wrap_module_attribute(m.__dict__[name], _instance_item(tx, m, src, name))
         return _instance_lookup(tx, self, type(m), name, src)
 
     def setattr(self, tx: Translator, name: str, value: Value) -> None:
