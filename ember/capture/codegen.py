@@ -25,6 +25,7 @@ import torch
 from ember import torch_compat
 from ember.bytecode import CodeBuilder, Inst, Op, operands, with_null
 from ember.capture.break_site import BreakSite, CallerSite, FrameVars, Handler, cell_temp
+from ember.capture.exception_state import handle_again, handle_match, stop_handling
 from ember.capture.output_graph import Harvest
 from ember.capture.resume import PASSED, Slot, StackSlot
 from ember.capture.shapes import concrete, is_symbolic
@@ -565,14 +566,14 @@ def build_break_replacement(
     guarded = cg.try_block(handler) if site.handler is not None else contextlib.nullcontext()
     if inst.op in _JUMP_CONDITIONS or inst.op is Op.FOR_ITER:
         _set_grad_mode(cg, entry_mode)
-        handled = _handle_again(cg, slots, base, frame)
+        handled = handle_again(cg, slots, base, frame)
         other = cg.label()
         with guarded:  # the truth of a tensor, or the pull, may raise
             ways = _branch(cg, inst, slots, frame, other)
         for n, (target, rest) in enumerate(ways):
             if n:
                 cg.place(other)
-            _stop_handling(cg, handled)
+            stop_handling(cg, handled)
             resume = site.make_resume(target, rest, local_names, site.grad_mode)
             _call_resume(cg, resume, rest, local_names, site.cells, frame)
             ret.leave()
@@ -590,7 +591,7 @@ def build_break_replacement(
     if inst.op is Op.CALL_KW:  # the names are the top slot, which `call` loads itself
         kw_names = stack[-1].as_constant()
         pushed_back -= 1
-    handled = _handle_again(cg, slots, base, frame)
+    handled = handle_again(cg, slots, base, frame)
     with guarded:  # from its operands on: 3.13 finds the handler of a failed call there
         if inst.op is Op.LOAD_SUPER_ATTR:  # [super, class, object]: the lookup, as a call
             cg.load_const(super_attribute, push_null=True)
@@ -613,8 +614,8 @@ def build_break_replacement(
             cg.store_fast(frame.stack(base + i))
     rest = [*slots[:base], *results]
     if inst.op is Op.CHECK_EG_MATCH and handled:
-        _handle_match(cg, slots, base, frame)
-    _stop_handling(cg, handled)
+        handle_match(cg, slots, base, frame)
+    stop_handling(cg, handled)
     _set_grad_mode(cg, entry_mode)
     resume = site.make_resume(inst.index + 1, rest, local_names, after_mode)
     _call_resume(cg, resume, rest, local_names, site.cells, frame)
@@ -672,36 +673,6 @@ def _results(inst: Inst, pushes: int) -> list[StackSlot]:
     return [StackSlot(Slot.VALUE)] * pushes
 
 
-def _handle_again(cg: CodeBuilder, slots: list[StackSlot], below: int, frame: FrameVars) -> bool:
-    """A break inside an `except` block: the instruction runs with the block's exception
-    handled by CPython (`sys.exc_info()`, `logging.exception`), so break code raises and
-    catches it again; the exception handled before stays on the stack for POP_EXCEPT."""
-    handled = [i for i, slot in enumerate(slots[:below]) if slot.kind is Slot.HANDLING]
-    if not handled:
-        return False
-    cg.load_fast(frame.stack(handled[-1]))
-    cg.catch_raised(0)
-    cg.pop_top()
-    return True
-
-
-def _handle_match(cg: CodeBuilder, slots: list[StackSlot], base: int, frame: FrameVars) -> None:
-    """CHECK_EG_MATCH makes the part of the group it matched the exception being handled
-    (`sys.exc_info()` in the `except*` clause): the resume function handles that one."""
-    handling = max(i for i, slot in enumerate(slots[:base]) if slot.kind is Slot.HANDLING)
-    no_match = cg.label()
-    cg.load_fast(frame.stack(base + 1))
-    cg.pop_jump_if("NONE", no_match)
-    cg.load_fast(frame.stack(base + 1))
-    cg.store_fast(frame.stack(handling))
-    cg.place(no_match)
-
-
-def _stop_handling(cg: CodeBuilder, handled: bool) -> None:
-    if handled:
-        cg.pop_except()
-
-
 def _resume_at_handler(
     cg: CodeBuilder,
     site: BreakSite,
@@ -722,7 +693,7 @@ def _resume_at_handler(
     frame = site.frame
     cg.place(label)
     at_handler = _store_caught(cg, site.handler, slots, frame)
-    _stop_handling(cg, handled)
+    stop_handling(cg, handled)
     _set_grad_mode(cg, entry_mode)
     resume = site.make_resume(site.handler.target, at_handler, local_names, site.grad_mode)
     _call_resume(cg, resume, at_handler, local_names, site.cells, frame)

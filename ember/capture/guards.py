@@ -214,13 +214,19 @@ def _instance_attr(g: Guard, scope: GuardScope) -> list[str]:
     """The class checks are the same string for every instance of a class: deduplicated,
     a conv net's 50 convolutions check them once."""
     name, cls = g.expected
-    e = g.source.expr(scope)
+    return _default_lookup(g.source.expr(scope), cls, (name,), scope)
+
+
+def _default_lookup(e: str, cls: type, names: tuple[str, ...], scope: GuardScope) -> list[str]:
+    """`e` is exactly a `cls`, and no class of its MRO (object's dict cannot change) has
+    one of `names` or a `__getattribute__`: reading them from the instance dict is what
+    the default attribute lookup would find."""
     return [
         f"type({e}) is {scope.const(cls, 'T')}",
         *(
             f"{n!r} not in {scope.class_dict(k)}"
             for k in cls.__mro__[:-1]
-            for n in (name, "__getattribute__")
+            for n in (*names, "__getattribute__")
         ),
     ]
 
@@ -238,10 +244,8 @@ def _no_hooks(g: Guard, scope: GuardScope) -> list[str]:
     conditions: list[str] = []
     if isinstance(cls, type) and cls.__dictoffset__:
         names = (*_HOOK_TABLES, "__getattribute__")
-        classes = cls.__mro__[:-1]  # object's dict cannot change
-        if not any(n in k.__dict__ for k in classes for n in names):
-            conditions = [f"type({e}) is {scope.const(cls, 'T')}"]
-            conditions += [f"{n!r} not in {scope.class_dict(k)}" for k in classes for n in names]
+        if not any(n in k.__dict__ for k in cls.__mro__[:-1] for n in names):
+            conditions = _default_lookup(e, cls, _HOOK_TABLES, scope)
             instance_dict = AttrSource(g.source, "__dict__").expr(scope)
             tables = [f"{instance_dict}[{name!r}]" for name in _HOOK_TABLES]
     return [
